@@ -1,0 +1,77 @@
+"""Helpers shared by backend packages: library probes and common capability checks.
+
+Capability checks have the shape ``check(platform, call) -> None | reason`` and may only look at
+what the dispatch signature holds (dtypes, devices, shapes without the leading dimension, non-float
+scalars, which optionals are given).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Callable, Iterable
+
+from .platform import Platform
+
+
+def import_probe(module: str, install: str, needs: Iterable[str] = ()) -> Callable[[], str | None]:
+    """A probe that imports ``module`` and checks it has the attributes ``needs``."""
+    def probe() -> str | None:
+        try:
+            mod = importlib.import_module(module)
+        except Exception as exc:  # ImportError, OSError from ABI mismatches, ...
+            return f"cannot import {module} ({type(exc).__name__}: {str(exc)[:160]}); install {install}"
+        missing = [n for n in needs if _lookup(mod, n) is None]
+        if missing:
+            return f"{module} lacks {', '.join(missing)} (unsupported version)"
+        return None
+    return probe
+
+
+def _lookup(mod, dotted: str):
+    obj = mod
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            try:
+                obj = importlib.import_module(f"{mod.__name__}.{dotted}")
+            except Exception:
+                return None
+            return obj
+    return obj
+
+
+def all_of(*checks) -> Callable:
+    """Combine capability checks; the first reason wins."""
+    def check(plat: Platform, call) -> str | None:
+        for c in checks:
+            reason = c(plat, call)
+            if reason is not None:
+                return reason
+        return None
+    return check
+
+
+def arch_in(*archs: str) -> Callable:
+    def check(plat: Platform, call) -> str | None:
+        if plat.arch not in archs:
+            return f"arch {plat.arch} not supported (needs {', '.join(archs)})"
+        return None
+    return check
+
+
+def layout_in(*layouts: str) -> Callable:
+    def check(plat: Platform, call) -> str | None:
+        if call.layout not in layouts:
+            return f"layout {call.layout!r} not supported (needs {', '.join(layouts)})"
+        return None
+    return check
+
+
+def device_is_accelerator(plat: Platform, call) -> str | None:
+    if call.device.type == "cpu" and not plat.simulated:
+        return "inputs are on the CPU"
+    return None
+
+
+def triton_interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")

@@ -1,0 +1,75 @@
+"""Conformance suite: every backend against the one reference over the same case matrix."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from .cases import TIERS, Case, cases, typical_case
+from .runner import Result, run_case
+
+
+def select_cases(op_names: Iterable[str], tier: str, case_id: str | None = None) -> list[Case]:
+    chosen = [c for op in op_names for c in cases(op, tier)]
+    if case_id is not None:
+        chosen = [c for c in chosen if c.id == case_id]
+    return chosen
+
+
+def run_matrix(case_list: list[Case], backend_names: list[str], device, seed: int = 0,
+               progress: Callable[[Result], None] | None = None) -> list[Result]:
+    """Each case on each backend; ``seed`` + case position makes every case's inputs fresh."""
+    results = []
+    for i, case in enumerate(case_list):
+        for name in backend_names:
+            result = run_case(case, name, device, seed=seed + i)
+            results.append(result)
+            if progress:
+                progress(result)
+    return results
+
+
+@dataclass
+class Cell:
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    worst: float = 0.0
+    reason: str = ""
+
+    @property
+    def text(self) -> str:
+        if self.failed:
+            return f"FAIL {self.failed}/{self.passed + self.failed} (worst {self.worst:.3g})"
+        if self.passed:
+            extra = f", {self.skipped} skipped" if self.skipped else ""
+            return f"pass {self.passed}{extra} (worst {self.worst:.3g})"
+        return f"skipped: {self.reason}" if self.skipped else "-"
+
+
+def summarize(results: list[Result]) -> dict[tuple[str, str], Cell]:
+    """(backend, op) -> Cell; "worst" is the largest error in units of the op's tolerance."""
+    cells: dict[tuple[str, str], Cell] = {}
+    for r in results:
+        cell = cells.setdefault((r.backend, r.case.op), Cell())
+        if r.status == "pass":
+            cell.passed += 1
+        elif r.status == "skip":
+            cell.skipped += 1
+            cell.reason = cell.reason or r.message
+            continue
+        else:
+            cell.failed += 1
+        cell.worst = max(cell.worst, r.worst) if r.worst == r.worst else float("nan")
+    return cells
+
+
+def to_json(results: list[Result], meta: dict) -> str:
+    rows = [dict(op=r.case.op, case=r.case.id, tier=r.case.tier, backend=r.backend, status=r.status,
+                 worst=r.worst if r.worst == r.worst else None, message=r.message, seconds=round(r.seconds, 4),
+                 seed=r.seed) for r in results]
+    return json.dumps(dict(meta=meta, results=rows), indent=1)
+
+
+__all__ = ["TIERS", "Case", "Result", "cases", "typical_case", "select_cases", "run_matrix", "summarize",
+           "to_json", "run_case"]

@@ -1,0 +1,225 @@
+"""Comparison rules per op (spec "Tolerances" and "Decisions").
+
+Each rule gets the reference's and the backend's (kwargs after the call, result) and returns a
+``Verdict``: ok, the worst error in the rule's own unit, and a message describing the first failure.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .. import formats
+from ..ops._rows import row_bounds
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    worst: float = 0.0
+    message: str = ""
+
+
+class _Collector:
+    def __init__(self):
+        self.worst = 0.0
+        self.failures: list[str] = []
+
+    def err(self, value: float):
+        if not math.isnan(value):
+            self.worst = max(self.worst, value)
+        else:
+            self.worst = float("nan")
+
+    def require(self, ok: bool, message: str):
+        if not ok:
+            self.failures.append(message)
+
+    def verdict(self) -> Verdict:
+        return Verdict(not self.failures, self.worst, "; ".join(self.failures[:3]))
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    """DeepGEMM's ``1 - 2*sum(xy) / sum(x^2 + y^2)`` in float64 (0 when both are zero)."""
+    x, y = x.to(torch.float64), y.to(torch.float64)
+    denom = (x * x + y * y).sum()
+    return 0.0 if denom == 0 else float(1 - 2 * (x * y).sum() / denom)
+
+
+def _close(c: _Collector, name: str, got: torch.Tensor, ref: torch.Tensor, *, atol: float, rtol: float):
+    """|got - ref| <= atol + rtol * |ref| elementwise, with identical inf/NaN patterns."""
+    got, ref = got.to(torch.float64), ref.to(torch.float64)
+    if got.shape != ref.shape:
+        c.require(False, f"{name}: shape {list(got.shape)} != {list(ref.shape)}")
+        return
+    if got.numel() == 0:
+        return
+    c.require(bool((got.isnan() == ref.isnan()).all()), f"{name}: NaN pattern differs "
+              f"({int(got.isnan().sum())} NaN vs {int(ref.isnan().sum())} in the reference)")
+    inf_same = (got.isinf() == ref.isinf()).all() and (got[got.isinf()] == ref[got.isinf()]).all()
+    c.require(bool(inf_same), f"{name}: +-inf pattern differs")
+    finite = ref.isfinite() & got.isfinite()
+    diff = (got - ref).abs()[finite]
+    bound = (atol + rtol * ref.abs())[finite]
+    if diff.numel():
+        c.err(float((diff / bound).max()))
+        bad = diff > bound
+        if bool(bad.any()):
+            where = torch.nonzero((got - ref).abs() > atol + rtol * ref.abs())[0].tolist()
+            c.require(False, f"{name}: {int(bad.sum())} elements out of tolerance, first at {where}: "
+                             f"got {got[tuple(where)].item():.6g}, expected {ref[tuple(where)].item():.6g}")
+
+
+# ---------------------------------------------------------------------------------------------
+def _bf16_ulp_close(c, name, got_bytes: torch.Tensor, ref_bytes: torch.Tensor):
+    """Two uint8 buffers holding little-endian bf16 values: at most 1 bf16 ulp apart."""
+    _close(c, name, got_bytes.contiguous().view(torch.bfloat16), ref_bytes.contiguous().view(torch.bfloat16),
+           atol=1e-6, rtol=2 ** -7)
+
+
+def _fp8_ulp_close(c, name, got: torch.Tensor, ref: torch.Tensor):
+    """fp8 values at most 1 e4m3 ulp apart (used where a bf16 input may differ by 1 ulp)."""
+    _close(c, name, got.to(torch.float32), ref.to(torch.float32), atol=2 ** -9, rtol=2 ** -3)
+
+
+def qnorm_rope_kv_insert(case, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
+    c = _Collector()
+    layout, bs = ref_kwargs["layout"], ref_kwargs["block_size"]
+    if layout == "fp8_per_tensor":
+        _fp8_ulp_close(c, "q_fp8", got_result, ref_result)
+        c.require(torch.equal(got_kwargs["q"].view(torch.int16), ref_kwargs["q"].view(torch.int16)),
+                  "q: the bf16 input must be left unmodified in the fp8_per_tensor layout")
+    else:
+        _close(c, "q'", got_result, ref_result, atol=1e-6, rtol=2 ** -7)
+    got_cache, ref_cache = got_kwargs["kv_cache"], ref_kwargs["kv_cache"]
+    if formats.is_ds_mla(layout):
+        g_data, g_scale = formats.ds_mla_views(got_cache, bs)
+        r_data, r_scale = formats.ds_mla_views(ref_cache, bs)
+        _bf16_ulp_close(c, "cache RoPE bytes", g_data[..., formats.NOPE_DIM:], r_data[..., formats.NOPE_DIM:])
+        rope_mask = torch.zeros_like(got_cache, dtype=torch.bool)
+        rope_mask[:, : bs * formats.DS_MLA_DATA_BYTES].view(-1, bs, formats.DS_MLA_DATA_BYTES)[..., formats.NOPE_DIM:] = True
+        mismatch = (got_cache != ref_cache) & ~rope_mask
+        c.require(not bool(mismatch.any()), f"cache: {int(mismatch.sum())} bytes differ outside the RoPE values "
+                  f"(fp8 values, scale bytes, pad byte or bytes no slot owns), first at "
+                  f"{torch.nonzero(mismatch)[0].tolist() if mismatch.any() else None}")
+    elif layout == "bf16":
+        _close(c, "cache", got_cache, ref_cache, atol=1e-6, rtol=2 ** -7)
+        nope_same = torch.equal(got_cache[..., : formats.NOPE_DIM].view(torch.int16),
+                                ref_cache[..., : formats.NOPE_DIM].view(torch.int16))
+        c.require(nope_same, "cache: NoPE bf16 values must be copied exactly")
+    else:
+        _fp8_ulp_close(c, "cache", got_cache, ref_cache)
+        nope_same = torch.equal(got_cache[..., : formats.NOPE_DIM].view(torch.uint8),
+                                ref_cache[..., : formats.NOPE_DIM].view(torch.uint8))
+        c.require(nope_same, "cache: NoPE fp8 bytes must be exact")
+    return c.verdict()
+
+
+def sparse_mla_decode(case, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
+    """FMLA decode tolerances: out abs 1e-3 rel 2.01/128 (+ cosine), lse abs 1e-6 rel 8.01/65536."""
+    c = _Collector()
+    (ref_out, ref_lse), (got_out, got_lse) = ref_result, got_result
+    H = ref_kwargs["q"].shape[1]
+    c.require(tuple(got_out.shape) == tuple(ref_out.shape) and got_out.dtype == torch.bfloat16,
+              f"out: expected bf16 {list(ref_out.shape)}, got {got_out.dtype} {list(got_out.shape)}")
+    c.require(tuple(got_lse.shape) == tuple(ref_lse.shape), f"lse: expected {list(ref_lse.shape)}, got {list(got_lse.shape)}")
+    if c.failures:
+        return c.verdict()
+    _close(c, "out", got_out[:, :H], ref_out[:, :H], atol=1e-3, rtol=2.01 / 128)
+    _close(c, "lse", got_lse[:, :H], ref_lse[:, :H], atol=1e-6, rtol=8.01 / 65536)
+    if ref_out.numel():
+        cos = calc_diff(got_out.float(), ref_out.float())
+        c.require(cos <= 5e-6 or not math.isfinite(cos), f"out: cosine difference {cos:.3g} > 5e-6")
+    return c.verdict()
+
+
+def paged_mqa_logits(case, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
+    """Valid region: calc_diff < 1e-6 and |d| <= 1e-4 * max|row| elementwise; clean: -inf exactly."""
+    c = _Collector()
+    if got_result.shape != ref_result.shape or got_result.dtype != torch.float32:
+        c.require(False, f"expected fp32 {list(ref_result.shape)}, got {got_result.dtype} {list(got_result.shape)}")
+        return c.verdict()
+    valid = ref_result != float("-inf")
+    g, r = got_result[valid], ref_result[valid]
+    c.require(bool(g.isfinite().all()), "non-finite logits inside the valid region")
+    if r.numel():
+        diff = calc_diff(g, r)
+        c.err(diff / 1e-6)
+        c.require(diff < 1e-6, f"calc_diff {diff:.3g} >= 1e-6")
+        row_scale = torch.where(valid, ref_result.abs(), 0).amax(1, keepdim=True).expand_as(ref_result)[valid]
+        err = ((g - r).abs() / (1e-4 * row_scale + 1e-30))
+        c.err(float(err.max()))
+        c.require(bool((err <= 1).all()), f"{int((err > 1).sum())} logits off by more than 1e-4 of their row's max")
+    if ref_kwargs["clean"]:
+        c.require(bool((got_result[~valid] == float("-inf")).all()), "clean=True: columns past the length must be -inf")
+    return c.verdict()
+
+
+def fp8_einsum(case, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
+    """calc_diff < 1e-6 and elementwise <= 1 ulp of the output dtype + 1e-5 sqrt(R) max|a| max|b|."""
+    c = _Collector()
+    if got_result.shape != ref_result.shape or got_result.dtype != ref_result.dtype:
+        c.require(False, f"expected {ref_result.dtype} {list(ref_result.shape)}, got {got_result.dtype} {list(got_result.shape)}")
+        return c.verdict()
+    if ref_result.numel() == 0:
+        return c.verdict()
+    a, b = ref_kwargs["a"], ref_kwargs["b"]
+    a_max = float((a.float().abs().amax(-1) * ref_kwargs["a_scale"].amax(-1)).max()) if a.numel() else 0.0
+    b_max = float((b.float().abs().amax() * ref_kwargs["b_scale"].amax()))
+    atol = 1e-5 * math.sqrt(a.shape[-1]) * a_max * b_max
+    rtol = 2 ** -8 if ref_result.dtype == torch.bfloat16 else 1e-5
+    _close(c, "d", got_result, ref_result, atol=atol, rtol=rtol)
+    diff = calc_diff(got_result, ref_result)
+    c.require(diff < 1e-6, f"calc_diff {diff:.3g} >= 1e-6")
+    return c.verdict()
+
+
+def indexer_topk(case, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
+    """Sets, not order: each row holds min(k, n) distinct valid row-local columns, then -1; any
+    difference from the reference's set must be a tie (min(selected) >= max(unselected valid))."""
+    c = _Collector()
+    if got_result.shape != ref_result.shape or got_result.dtype != torch.int32:
+        c.require(False, f"expected int32 {list(ref_result.shape)}, got {got_result.dtype} {list(got_result.shape)}")
+        return c.verdict()
+    logits, k = ref_kwargs["logits"].cpu(), ref_kwargs["k"]
+    got = got_result.cpu().to(torch.int64)
+    R, W = logits.shape
+    if R == 0:
+        return c.verdict()
+    starts, ends = row_bounds(ref_kwargs.get("row_starts"), ref_kwargs.get("row_ends"), ref_kwargs.get("seq_lens"),
+                              ref_kwargs.get("next_n", 1))
+    starts, ends = starts.cpu(), ends.cpu()
+    n = (ends - starts).clamp_min(0)
+    m = n.clamp(max=k)
+    pos = torch.arange(k)
+    in_prefix = pos[None, :] < m[:, None]
+    prefix_ok = torch.where(in_prefix, (got >= 0) & (got < n[:, None]), got == -1)
+    bad_rows = (~prefix_ok).any(1)
+    c.require(not bool(bad_rows.any()), f"{int(bad_rows.sum())} rows are not min(k, n) valid row-local "
+              f"indices followed by -1 (first bad row {int(torch.nonzero(bad_rows)[0]) if bad_rows.any() else -1})")
+    if c.failures:
+        return c.verdict()
+    sorted_idx = torch.where(in_prefix, got, W + pos[None, :]).sort(1).values
+    dup = (sorted_idx[:, 1:] == sorted_idx[:, :-1]).any(1)
+    c.require(not bool(dup.any()), f"{int(dup.sum())} rows repeat an index")
+    absolute = torch.where(in_prefix, got + starts[:, None], 0)
+    selected = torch.zeros(R, W + 1, dtype=torch.bool).scatter_(1, torch.where(in_prefix, absolute, W), True)[:, :W]
+    cols = torch.arange(W)
+    valid = (cols >= starts[:, None]) & (cols < ends[:, None])
+    inf = torch.tensor(float("inf"))
+    low = torch.where(selected, logits, inf).amin(1)
+    high = torch.where(valid & ~selected, logits, -inf).amax(1)
+    wrong = low < high
+    c.require(not bool(wrong.any()), f"{int(wrong.sum())} rows miss a larger logit (not a tie), first row "
+              f"{int(torch.nonzero(wrong)[0]) if wrong.any() else -1}")
+    return c.verdict()
+
+
+RULES = {
+    "qnorm_rope_kv_insert": qnorm_rope_kv_insert,
+    "sparse_mla_decode": sparse_mla_decode,
+    "paged_mqa_logits": paged_mqa_logits,
+    "fp8_einsum": fp8_einsum,
+    "indexer_topk": indexer_topk,
+}

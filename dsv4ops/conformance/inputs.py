@@ -1,0 +1,237 @@
+"""Random inputs per op, built from the spec (fresh per seed; never zeros).
+
+Each builder takes a device, a ``torch.Generator`` (CPU) and the case parameters and returns the
+op's keyword arguments. Poisons are part of the fixtures: cache rows no valid index selects hold NaN
+(spec §2), logits outside a row's range are +inf (a backend that ignores lengths picks them), and
+cache bytes no slot owns are random (an insert that touches them is caught).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import formats
+from ..quant import to_fp8, ue8m0_scale
+
+SOFTMAX_SCALE = 512 ** -0.5
+ROPE_THETA = 10000.0
+
+
+def _randn(gen, *shape):
+    return torch.randn(*shape, generator=gen)
+
+
+def _randint(gen, lo, hi, shape):
+    return torch.randint(lo, hi, shape, generator=gen)
+
+
+def cos_sin_cache(max_pos: int) -> torch.Tensor:
+    """fp32 [max_pos, 64]: row p = [cos(p f_0..f_31) | sin(p f_0..f_31)], f_i = theta^(-2i/64)."""
+    freqs = ROPE_THETA ** (-torch.arange(0, formats.ROPE_DIM, 2, dtype=torch.float64) / formats.ROPE_DIM)
+    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * freqs[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32)
+
+
+def random_cache_bytes(gen, num_blocks: int, block_size: int, layout: str) -> torch.Tensor:
+    """A cache in ``layout`` filled with random bytes (finite values for float layouts)."""
+    shape, dtype = formats.kv_cache_spec(num_blocks, block_size, layout)
+    if dtype == torch.uint8:
+        return _randint(gen, 0, 256, shape).to(torch.uint8)
+    return (_randn(gen, *shape) * 4).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+def qnorm_rope_kv_insert(device, gen, *, T, H, layout, block_size=64, num_blocks=4, skip_slots=0.25,
+                         dp_pad=0, max_pos=4096, out=False):
+    q = (_randn(gen, T, H, 512) * (0.5 + 4 * torch.rand(T, H, 1, generator=gen))).to(torch.bfloat16)
+    kv = (_randn(gen, T, 512) * (0.01 + 3 * torch.rand(T, 1, generator=gen))).to(torch.bfloat16)
+    positions = _randint(gen, 0, max_pos, (T,))
+    if T >= 2:                                  # both ends of the cos/sin cache
+        positions[0], positions[-1] = 0, max_pos - 1
+    n_kv = max(T - dp_pad, 0)
+    num_slots = num_blocks * block_size
+    slots = torch.randperm(num_slots, generator=gen)[:n_kv]
+    if len(slots) < n_kv:
+        raise ValueError("not enough cache slots for the tokens")
+    slots = torch.where(torch.rand(n_kv, generator=gen) < skip_slots, torch.full_like(slots, -1), slots)
+    scales = dict(kv_scale=0.5, q_scale=0.25) if layout == "fp8_per_tensor" else {}
+    out_dtype = torch.float8_e4m3fn if layout == "fp8_per_tensor" else torch.bfloat16
+    kwargs = dict(q=q, kv=kv, positions=positions, cos_sin_cache=cos_sin_cache(max_pos),
+                  kv_cache=random_cache_bytes(gen, num_blocks, block_size, layout), slot_mapping=slots,
+                  layout=layout, block_size=block_size, eps=1e-6, **scales)
+    if out:
+        kwargs["out"] = torch.empty(T, H, 512, dtype=out_dtype)
+    return _to(kwargs, device)
+
+
+# ---------------------------------------------------------------------------------------------
+def _index_lists(gen, T, topk, num_slots, lens_mode, corner):
+    """indices int32 [T, topk] (distinct slots; -1 padding past the length), lens int32 [T] or None,
+    and the set of selected slots."""
+    if num_slots < topk:
+        raise ValueError("not enough slots for topk")
+    idx = torch.stack([torch.randperm(num_slots, generator=gen)[:topk] for _ in range(T)]) if T else \
+        torch.empty(0, topk, dtype=torch.int64)
+    if lens_mode == "full" or lens_mode is None:
+        lens = torch.full((T,), topk)
+    else:
+        lens = _randint(gen, 0, topk + 1, (T,))
+        if T:
+            lens[0] = topk
+    pos = torch.arange(topk)
+    beyond = pos[None, :] >= lens[:, None]
+    # Beyond the length: -1 in the vLLM style, except every other token points at (NaN) rows.
+    pointing = torch.rand(T, generator=gen)[:, None] < 0.5
+    idx = torch.where(beyond & ~pointing, -1, idx)
+    if corner == "all_invalid":
+        idx[:] = -1
+    elif corner == "pad_middle":
+        idx = torch.where((torch.rand(T, topk, generator=gen) < 0.3) & ~beyond, -1, idx)
+    elif corner == "duplicates" and topk >= 2:
+        idx[:, 1::2] = idx[:, 0::2][:, : idx[:, 1::2].shape[1]]
+    elif corner == "zero_len":
+        lens[::2] = 0
+    selected = idx[(idx >= 0) & ~(pos[None, :] >= lens[:, None])] if lens_mode is not None else idx[idx >= 0]
+    return idx.to(torch.int32), (lens.to(torch.int32) if lens_mode is not None else None), selected
+
+
+def _filled_cache(gen, layout, block_size, num_slots, selected, kv_scale):
+    rows = _randn(gen, num_slots, 512) * (0.02 + 2 * torch.rand(num_slots, 1, generator=gen))
+    unselected = torch.ones(num_slots, dtype=torch.bool)
+    unselected[selected.to(torch.int64)] = False
+    rows[unselected] = float("nan")
+    return formats.pack_kv(rows, layout, block_size, kv_scale)
+
+
+def sparse_mla_decode(device, gen, *, T, H, topk, layout, block_size=64, extra_topk=0, extra_block_size=64,
+                      sink="random", lens="random", corner=None, out=False):
+    per_tensor = layout == "fp8_per_tensor"
+    kv_scale = 0.25 if per_tensor else 1.0
+    num_slots = max(2 * topk, 4 * block_size)
+    num_slots += (-num_slots) % block_size
+    idx, lens_t, selected = _index_lists(gen, T, topk, num_slots, lens, corner)
+    qf = _randn(gen, T, H, 512)
+    kwargs = dict(q=to_fp8(qf * 2) if per_tensor else qf.to(torch.bfloat16),
+                  kv_cache=_filled_cache(gen, layout, block_size, num_slots, selected, kv_scale),
+                  indices=idx, topk_lens=lens_t, layout=layout, block_size=block_size,
+                  softmax_scale=SOFTMAX_SCALE)
+    if per_tensor:
+        kwargs.update(kv_scale=kv_scale, q_scale=0.5)
+    if extra_topk:
+        n_extra = max(2 * extra_topk, 4 * extra_block_size)
+        n_extra += (-n_extra) % extra_block_size
+        e_idx, e_lens, e_sel = _index_lists(gen, T, extra_topk, n_extra, lens, corner)
+        kwargs.update(extra_kv_cache=_filled_cache(gen, layout, extra_block_size, n_extra, e_sel, kv_scale),
+                      extra_indices=e_idx, extra_topk_lens=e_lens, extra_block_size=extra_block_size)
+    if sink == "random":
+        kwargs["attn_sink"] = _randn(gen, H) * 2
+    elif sink == "inf":
+        kwargs["attn_sink"] = torch.where(torch.arange(H) % 2 == 0, float("inf"), float("-inf"))
+    if out:
+        kwargs["out"] = torch.empty(T, H, 512, dtype=torch.bfloat16)
+    return _to(kwargs, device)
+
+
+# ---------------------------------------------------------------------------------------------
+def paged_mqa_logits(device, gen, *, B, next_n, context, H=64, block_size=64, lens_dim=2, scale_fmt="fp32",
+                     clean=False, corner=None, out=False):
+    pages = max(1, math.ceil(context / block_size))
+    num_blocks = B * pages + 3
+    keys = _randn(gen, num_blocks, block_size, 128) * (0.05 + torch.rand(num_blocks, block_size, 1, generator=gen))
+    kv_cache = formats.pack_index_keys(keys, scale_fmt)
+    block_table = torch.randperm(num_blocks, generator=gen)[: B * pages].view(B, pages).to(torch.int32)
+    lens = _randint(gen, 0, context + 1, (B,))
+    if B:
+        lens[0] = context
+    if corner == "zero_len":
+        lens[::2] = 0
+    if corner == "short":                       # lengths shorter than next_n
+        lens = _randint(gen, 0, next_n, (B,))
+    if lens_dim == 2:
+        j = torch.arange(next_n)
+        lens = (lens[:, None] - next_n + j + 1).clamp_min(0)
+    q = to_fp8(_randn(gen, B, next_n, H, 128) * 3)
+    if corner == "padded_rows" and B > 1:       # vLLM pads MTP rows with zero Q, masked by lengths
+        q[-1] = 0
+    weights = _randn(gen, B * next_n, H) * 0.2
+    kwargs = dict(q=q, kv_cache=kv_cache, weights=weights, context_lens=lens.to(torch.int32),
+                  block_table=block_table, max_context_len=pages * block_size, clean=clean)
+    if out:
+        kwargs["out"] = torch.empty(B * next_n, pages * block_size)
+    return _to(kwargs, device)
+
+
+# ---------------------------------------------------------------------------------------------
+def quantize_blocks(x: torch.Tensor, block_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``[..., M, K]`` -> fp8 values and power-of-two fp32 scales per ``block_rows x 128`` block
+    (``[..., ceil(M / block_rows), K / 128]``, or ``[..., M, K / 128]`` when ``block_rows == 1``)."""
+    *lead, M, K = x.shape
+    blocks = x.reshape(*lead, M // block_rows, block_rows, K // 128, 128)
+    amax = blocks.abs().amax(dim=(-3, -1)).clamp_min(1e-4)
+    scale = ue8m0_scale(amax)[0]
+    values = to_fp8(blocks / scale[..., None, :, None]).reshape(*lead, M, K)
+    return values, scale
+
+
+def fp8_einsum(device, gen, *, B, H, D, R, group_major=False, out=False, out_dtype=torch.bfloat16):
+    x = _randn(gen, B, H, R) * (0.1 + torch.rand(B, H, 1, generator=gen))
+    w = _randn(gen, H, D, R) * 0.05
+    if group_major:                            # vLLM's physical [G, T, K] transposed
+        a8, sa = quantize_blocks(x.transpose(0, 1).contiguous(), 1)
+        a8, sa = a8.transpose(0, 1), sa.transpose(0, 1)
+    else:
+        a8, sa = quantize_blocks(x, 1)
+    b8, sb = quantize_blocks(w, 128)
+    kwargs = dict(equation="bhr,hdr->bhd", a=a8, a_scale=sa, b=b8, b_scale=sb, out_dtype=out_dtype)
+    if out:
+        kwargs["out"] = torch.empty(B, H, D, dtype=out_dtype)
+    return _to(kwargs, device)
+
+
+# ---------------------------------------------------------------------------------------------
+def indexer_topk(device, gen, *, R, W, k, mode="ranges", next_n=1, data="random", corner=None, out=False):
+    logits = _randn(gen, R, W)
+    if data == "ties":
+        logits = _randint(gen, 0, 6, (R, W)).to(torch.float32)
+    elif data == "neg_inf":
+        logits[torch.rand(R, W, generator=gen) < 0.5] = float("-inf")
+    kwargs = dict(logits=logits, k=k)
+    if mode == "ranges":
+        starts = _randint(gen, 0, max(W // 4, 1), (R,))
+        ends = starts + _randint(gen, 0, W + 1, (R,))
+        ends = ends.clamp(max=W)
+        if corner == "empty":
+            ends[::2] = starts[::2]
+        kwargs.update(row_starts=starts.to(torch.int32), row_ends=ends.to(torch.int32))
+        starts_e, ends_e = starts, ends
+    else:
+        B = R // next_n
+        lens = _randint(gen, 0, W + 1, (B,))
+        if corner == "empty":
+            lens[::2] = 0
+        if mode == "decode2d":
+            lens = (lens[:, None] - next_n + torch.arange(next_n) + 1).clamp_min(0)
+        kwargs.update(seq_lens=lens.to(torch.int32), next_n=next_n)
+        from ..ops._rows import decode_row_ends
+        ends_e = decode_row_ends(lens, next_n)
+        starts_e = torch.zeros_like(ends_e)
+    cols = torch.arange(W)
+    outside = (cols < starts_e[:, None]) | (cols >= ends_e[:, None])
+    logits[outside] = float("inf")              # a backend that ignores the range picks these
+    if out:
+        kwargs["out"] = torch.empty(R, k, dtype=torch.int32)
+    return _to(kwargs, device)
+
+
+def _to(kwargs: dict, device) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+
+
+BUILDERS = {
+    "qnorm_rope_kv_insert": qnorm_rope_kv_insert,
+    "sparse_mla_decode": sparse_mla_decode,
+    "paged_mqa_logits": paged_mqa_logits,
+    "fp8_einsum": fp8_einsum,
+    "indexer_topk": indexer_topk,
+}

@@ -1,0 +1,90 @@
+"""Run one case on one backend against the reference and judge it."""
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import ops
+from ..selection import decide
+from .cases import Case
+from .compare import RULES, Verdict
+
+POISON_FLOAT = float("nan")
+POISON_INT = -7
+
+
+@dataclass
+class Result:
+    case: Case
+    backend: str
+    status: str                    # "pass" | "fail" | "skip" | "error"
+    worst: float = 0.0
+    message: str = ""
+    seconds: float = 0.0
+    seed: int = 0
+
+    def reproducer(self) -> str:
+        return (f"dsv4ops check --ops {self.case.op} --backends {self.backend} --tier {self.case.tier} "
+                f"--case '{self.case.id}' --seed {self.seed}")
+
+
+def _clone(kwargs: dict) -> dict:
+    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+
+
+def poison(t: torch.Tensor) -> None:
+    """Fill an output buffer so that any element the backend does not write fails the comparison."""
+    if t.dtype.is_floating_point and t.dtype not in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        t.fill_(POISON_FLOAT)
+    elif t.dtype in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
+        t.view(torch.uint8).fill_(0x7F)          # NaN in e4m3fn
+    else:
+        t.fill_(POISON_INT)
+
+
+def run_case(case: Case, backend: str, device, seed: int = 0) -> Result:
+    start = time.perf_counter()
+    try:
+        kwargs = case.build(device, seed)
+    except Exception as exc:
+        return Result(case, backend, "error", message=f"building inputs failed: {exc}", seed=seed)
+    module = ops.OPS[case.op]
+    decision = decide(module.validate(**kwargs), backend)
+    if decision.selected is None:
+        reason = next((c.status for c in decision.candidates if c.backend == backend), "not registered for this op")
+        return Result(case, backend, "skip", message=reason, seed=seed)
+
+    ref_kwargs = _clone(kwargs)
+    ref_result = reference_fn(case.op)(**ref_kwargs)
+    got_kwargs = _clone(kwargs)
+    if got_kwargs.get("out") is not None:
+        poison(got_kwargs["out"])
+    try:
+        got_result = getattr(module, case.op)(**got_kwargs, backend=backend)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        verdict: Verdict = RULES[case.op](case, ref_kwargs, ref_result, got_kwargs, got_result)
+        if verdict.ok and got_kwargs.get("out") is not None:
+            verdict = _check_out_returned(case.op, got_kwargs["out"], got_result, verdict)
+    except Exception as exc:
+        tb = traceback.format_exc(limit=3).strip().splitlines()[-1]
+        return Result(case, backend, "error", message=f"{type(exc).__name__}: {exc} ({tb})",
+                      seconds=time.perf_counter() - start, seed=seed)
+    return Result(case, backend, "pass" if verdict.ok else "fail", verdict.worst, verdict.message,
+                  time.perf_counter() - start, seed)
+
+
+def _check_out_returned(op: str, out: torch.Tensor, result, verdict: Verdict) -> Verdict:
+    first = result[0] if isinstance(result, tuple) else result
+    if first.data_ptr() != out.data_ptr():
+        return Verdict(False, verdict.worst, "out= was given but the result is not that buffer")
+    return verdict
+
+
+def reference_fn(op: str):
+    from .. import reference
+
+    return getattr(reference, op)

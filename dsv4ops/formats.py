@@ -1,0 +1,230 @@
+"""Cache formats: allocate, pack, unpack, and the index conversions of spec §5.
+
+KV cache layouts (``layout=``), spec §1:
+
+* ``"fp8_ds_mla"`` (FlashMLA MODEL1, V4): uint8 ``[num_blocks, page_bytes]``. A page holds
+  ``block_size`` data rows of 576 B (448 fp8 NoPE values, then 64 little-endian bf16 RoPE values),
+  then ``block_size`` scale rows of 8 B (7 UE8M0 bytes, one per 64-wide NoPE tile, then a 0 byte),
+  then padding up to ``page_bytes = round_up(block_size * 584, 576)``.
+  ``"fp8_ds_mla_fnuz"`` is the same with FNUZ e4m3 values (gfx942 writers).
+* ``"bf16"``: bf16 ``[num_blocks, block_size, 512]``.
+* ``"fp8_per_tensor"``: float8_e4m3fn ``[num_blocks, block_size, 512]`` holding ``sat(k / kv_scale)``.
+
+Indexer key cache (spec §3): uint8 ``[num_blocks, block_size, 1, 132]``; per page the
+``block_size * 128`` fp8 values come first, then ``block_size`` fp32 scales (the strides of the
+4-D view do not describe single tokens).
+"""
+from __future__ import annotations
+
+import torch
+
+from .quant import FP8_DTYPE, FP8_MAX, to_fp8, ue8m0_scale, ue8m0_to_float
+
+HEAD_DIM = 512
+NOPE_DIM = 448
+ROPE_DIM = 64
+TILE = 64
+NUM_TILES = NOPE_DIM // TILE            # 7 UE8M0 scale bytes per token
+DS_MLA_DATA_BYTES = 576                 # 448 fp8 + 64 bf16
+DS_MLA_SCALE_BYTES = 8                  # 7 scales + 1 zero pad byte
+DS_MLA_TOKEN_BYTES = DS_MLA_DATA_BYTES + DS_MLA_SCALE_BYTES   # 584
+DS_MLA_PAGE_ALIGN = 576
+AMAX_FLOOR = 1e-4                       # vLLM writer rule (spec Decision 1)
+
+INDEX_DIM = 128
+INDEX_TOKEN_BYTES = INDEX_DIM + 4       # 132
+
+LAYOUTS = ("fp8_ds_mla", "fp8_ds_mla_fnuz", "bf16", "fp8_per_tensor")
+
+
+def fp8_flavour(layout: str) -> str:
+    return "fnuz" if layout.endswith("_fnuz") else "ocp"
+
+
+def is_ds_mla(layout: str) -> bool:
+    return layout.startswith("fp8_ds_mla")
+
+
+def ds_mla_page_bytes(block_size: int) -> int:
+    """Bytes per page of the fp8_ds_mla layout: ``round_up(block_size * 584, 576)``."""
+    raw = block_size * DS_MLA_TOKEN_BYTES
+    return -(-raw // DS_MLA_PAGE_ALIGN) * DS_MLA_PAGE_ALIGN
+
+
+def kv_cache_spec(num_blocks: int, block_size: int, layout: str) -> tuple[tuple[int, ...], torch.dtype]:
+    """(shape, dtype) of a KV cache in ``layout``."""
+    if is_ds_mla(layout):
+        return (num_blocks, ds_mla_page_bytes(block_size)), torch.uint8
+    if layout == "bf16":
+        return (num_blocks, block_size, HEAD_DIM), torch.bfloat16
+    if layout == "fp8_per_tensor":
+        return (num_blocks, block_size, HEAD_DIM), torch.float8_e4m3fn
+    raise ValueError(f"unknown KV cache layout {layout!r}; expected one of {LAYOUTS}")
+
+
+def allocate_kv_cache(num_blocks: int, block_size: int, layout: str, device="cpu") -> torch.Tensor:
+    """A zero-filled KV cache of ``num_blocks`` pages of ``block_size`` tokens in ``layout``."""
+    shape, dtype = kv_cache_spec(num_blocks, block_size, layout)
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def ds_mla_views(cache: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The data rows ``[num_blocks, block_size, 576]`` and scale rows ``[num_blocks, block_size, 8]``
+    of an fp8_ds_mla cache, as views sharing its storage."""
+    nb = cache.shape[0]
+    data_end = block_size * DS_MLA_DATA_BYTES
+    data = cache[:, :data_end].view(nb, block_size, DS_MLA_DATA_BYTES)
+    scales = cache[:, data_end:data_end + block_size * DS_MLA_SCALE_BYTES].view(nb, block_size, DS_MLA_SCALE_BYTES)
+    return data, scales
+
+
+def encode_ds_mla(rows: torch.Tensor, flavour: str = "ocp") -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize rows ``[N, 512]`` to MODEL1 records: data uint8 ``[N, 576]``, scales uint8 ``[N, 8]``.
+
+    NoPE tiles use the vLLM writer rule (spec §1, Decision 1); the RoPE part is stored as bf16.
+    """
+    rows = rows.to(torch.float32)
+    n = rows.shape[0]
+    tiles = rows[:, :NOPE_DIM].reshape(n, NUM_TILES, TILE)
+    amax = tiles.abs().amax(-1).clamp_min(AMAX_FLOOR)
+    scale, byte = ue8m0_scale(amax, flavour)
+    values = to_fp8(tiles / scale.unsqueeze(-1), flavour).reshape(n, NOPE_DIM).view(torch.uint8)
+    rope = rows[:, NOPE_DIM:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    data = torch.cat([values, rope], dim=1)
+    scales = torch.cat([byte, torch.zeros(n, 1, dtype=torch.uint8, device=rows.device)], dim=1)
+    return data, scales
+
+
+def decode_ds_mla(data: torch.Tensor, scales: torch.Tensor, flavour: str = "ocp") -> torch.Tensor:
+    """MODEL1 records (data ``[..., 576]``, scales ``[..., 8]``) -> fp32 rows ``[..., 512]``."""
+    lead = data.shape[:-1]
+    values = data[..., :NOPE_DIM].contiguous().view(FP8_DTYPE[flavour]).to(torch.float32)
+    tile_scale = ue8m0_to_float(scales[..., :NUM_TILES])
+    nope = (values.reshape(*lead, NUM_TILES, TILE) * tile_scale.unsqueeze(-1)).reshape(*lead, NOPE_DIM)
+    rope = data[..., NOPE_DIM:].contiguous().view(torch.bfloat16).to(torch.float32)
+    return torch.cat([nope, rope], dim=-1)
+
+
+def _as_float(scale) -> float:
+    return float(scale.item()) if isinstance(scale, torch.Tensor) else float(scale)
+
+
+def write_kv(cache: torch.Tensor, layout: str, block_size: int, slots: torch.Tensor,
+             rows: torch.Tensor, kv_scale=1.0) -> None:
+    """Write rows ``[N, 512]`` (fp32 or bf16 values) at ``slots`` (int64 ``[N]``; ``< 0`` skipped)."""
+    keep = slots >= 0
+    slots, rows = slots[keep], rows[keep]
+    block, offset = slots // block_size, slots % block_size
+    if is_ds_mla(layout):
+        data, scales = encode_ds_mla(rows, fp8_flavour(layout))
+        data_view, scale_view = ds_mla_views(cache, block_size)
+        data_view[block, offset] = data
+        scale_view[block, offset] = scales
+    elif layout == "bf16":
+        cache[block, offset] = rows.to(torch.bfloat16)
+    elif layout == "fp8_per_tensor":
+        cache[block, offset] = to_fp8(rows.to(torch.float32) / _as_float(kv_scale))
+    else:
+        raise ValueError(f"unknown KV cache layout {layout!r}; expected one of {LAYOUTS}")
+
+
+def read_kv(cache: torch.Tensor, layout: str, block_size: int, slots: torch.Tensor,
+            kv_scale=1.0) -> torch.Tensor:
+    """Dequantized fp32 rows ``[*slots.shape, 512]`` at valid ``slots`` (any int dtype)."""
+    slots = slots.to(torch.int64)
+    block, offset = slots // block_size, slots % block_size
+    if is_ds_mla(layout):
+        data_view, scale_view = ds_mla_views(cache, block_size)
+        return decode_ds_mla(data_view[block, offset], scale_view[block, offset], fp8_flavour(layout))
+    if layout == "bf16":
+        return cache[block, offset].to(torch.float32)
+    if layout == "fp8_per_tensor":
+        return cache[block, offset].to(torch.float32) * _as_float(kv_scale)
+    raise ValueError(f"unknown KV cache layout {layout!r}; expected one of {LAYOUTS}")
+
+
+def pack_kv(rows: torch.Tensor, layout: str, block_size: int, kv_scale=1.0) -> torch.Tensor:
+    """Rows ``[num_blocks * block_size, 512]`` in slot order -> a new cache in ``layout``."""
+    if rows.dim() != 2 or rows.shape[1] != HEAD_DIM or rows.shape[0] % block_size:
+        raise ValueError(f"pack_kv: rows must be [num_blocks * {block_size}, {HEAD_DIM}], got {list(rows.shape)}")
+    cache = allocate_kv_cache(rows.shape[0] // block_size, block_size, layout, rows.device)
+    slots = torch.arange(rows.shape[0], device=rows.device)
+    write_kv(cache, layout, block_size, slots, rows, kv_scale)
+    return cache
+
+
+def unpack_kv(cache: torch.Tensor, layout: str, block_size: int, kv_scale=1.0) -> torch.Tensor:
+    """A cache in ``layout`` -> fp32 rows ``[num_blocks * block_size, 512]`` in slot order."""
+    slots = torch.arange(cache.shape[0] * block_size, device=cache.device)
+    return read_kv(cache, layout, block_size, slots, kv_scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# Indexer key cache (spec §3)
+
+def pack_index_keys(keys: torch.Tensor, scale_fmt: str = "fp32") -> torch.Tensor:
+    """Keys ``[num_blocks, block_size, 128]`` -> uint8 ``[num_blocks, block_size, 1, 132]``.
+
+    Per token: ``scale = amax / 448`` (``"fp32"``, DeepGEMM test style) or the power of two
+    ``2**ceil(log2(amax / 448))`` (``"ue8m0"``, V4 compressor style), with ``amax >= 1e-4``;
+    values ``sat_e4m3(k / scale)``. Scales are stored as fp32 after the page's values.
+    """
+    if keys.dim() != 3 or keys.shape[-1] != INDEX_DIM:
+        raise ValueError(f"pack_index_keys: keys must be [num_blocks, block_size, {INDEX_DIM}], got {list(keys.shape)}")
+    if scale_fmt not in ("fp32", "ue8m0"):
+        raise ValueError(f"pack_index_keys: scale_fmt must be 'fp32' or 'ue8m0', got {scale_fmt!r}")
+    nb, bs, _ = keys.shape
+    keys = keys.to(torch.float32)
+    amax = keys.abs().amax(-1).clamp_min(AMAX_FLOOR)
+    scale = amax / FP8_MAX["ocp"] if scale_fmt == "fp32" else ue8m0_scale(amax)[0]
+    values = to_fp8(keys / scale.unsqueeze(-1)).view(torch.uint8).reshape(nb, bs * INDEX_DIM)
+    page = torch.cat([values, scale.contiguous().view(torch.uint8).reshape(nb, bs * 4)], dim=1)
+    return page.view(nb, bs, 1, INDEX_TOKEN_BYTES)
+
+
+def index_key_views(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 values ``[num_blocks, block_size, 128]`` and fp32 scales ``[num_blocks, block_size]``."""
+    nb, bs = cache.shape[0], cache.shape[1]
+    flat = cache.reshape(nb, bs * INDEX_TOKEN_BYTES)
+    values = flat[:, :bs * INDEX_DIM].view(torch.float8_e4m3fn).view(nb, bs, INDEX_DIM)
+    scales = flat[:, bs * INDEX_DIM:].contiguous().view(torch.float32)
+    return values, scales
+
+
+def unpack_index_keys(cache: torch.Tensor) -> torch.Tensor:
+    """Index key cache -> dequantized fp32 keys ``[num_blocks, block_size, 128]``."""
+    values, scales = index_key_views(cache)
+    return values.to(torch.float32) * scales.unsqueeze(-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Request-local -> global cache indices (spec §5, vLLM ComputeGlobalTopkIndicesAndLens)
+
+def to_global_indices(local: torch.Tensor, block_table: torch.Tensor, token_to_req: torch.Tensor,
+                      block_size: int, is_valid_token: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Map request-local compressed indices to cache indices for ``sparse_mla_decode``.
+
+    local int32 ``[T, k]`` (-1 = none), block_table int32 ``[num_reqs, max_blocks]``,
+    token_to_req int ``[T]``, is_valid_token bool ``[T]`` (default all valid).
+    Returns (global int32 ``[T, k]`` = ``block_table[r, l // bs] * bs + l % bs`` or -1,
+    lens int32 ``[T]`` = number of valid entries, 0 for invalid tokens).
+    """
+    valid = local >= 0
+    safe = torch.where(valid, local, torch.zeros_like(local)).to(torch.int64)
+    rows = block_table[token_to_req.to(torch.int64)].to(torch.int64)
+    pages = torch.gather(rows, 1, safe // block_size)
+    glob = torch.where(valid, pages * block_size + safe % block_size, -1).to(torch.int32)
+    lens = valid.sum(1, dtype=torch.int32)
+    if is_valid_token is not None:
+        lens = torch.where(is_valid_token, lens, torch.zeros_like(lens))
+    return glob, lens
+
+
+__all__ = [
+    "LAYOUTS", "HEAD_DIM", "NOPE_DIM", "ROPE_DIM", "INDEX_DIM", "INDEX_TOKEN_BYTES",
+    "DS_MLA_TOKEN_BYTES", "ds_mla_page_bytes", "kv_cache_spec", "allocate_kv_cache",
+    "ds_mla_views", "encode_ds_mla", "decode_ds_mla", "write_kv", "read_kv", "pack_kv", "unpack_kv",
+    "pack_index_keys", "unpack_index_keys", "index_key_views", "to_global_indices",
+    "fp8_flavour", "is_ds_mla",
+]

@@ -1,0 +1,122 @@
+"""Argument checks shared by the op contracts. Every failure is an ``InputError`` naming the
+argument and what was expected. Structural checks never synchronise the device; value checks
+(ranges) run on CPU tensors always and on accelerator tensors only with ``DSV4OPS_DEBUG=1``."""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import torch
+
+from ..errors import InputError
+
+
+def describe(t) -> str:
+    if not isinstance(t, torch.Tensor):
+        return f"{type(t).__name__} {t!r}" if not isinstance(t, (list, tuple)) else type(t).__name__
+    dtype = str(t.dtype).replace("torch.", "")
+    return f"{dtype} {list(t.shape)} on {t.device}"
+
+
+def _dtype_name(d) -> str:
+    if isinstance(d, (tuple, list)):
+        return " or ".join(_dtype_name(x) for x in d)
+    return str(d).replace("torch.", "")
+
+
+class Checker:
+    """Checks for one op call; ``device`` is fixed by the first tensor checked with ``anchor=True``."""
+
+    def __init__(self, op: str):
+        self.op = op
+        self.device: torch.device | None = None
+        self.debug = os.environ.get("DSV4OPS_DEBUG", "") not in ("", "0")
+
+    def fail(self, arg: str, message: str):
+        raise InputError(f"{self.op}: argument '{arg}' {message}")
+
+    def tensor(self, name: str, t, *, dtype=None, shape: Sequence | None = None, anchor: bool = False,
+               last_dim_contiguous: bool = False, contiguous: bool = False) -> torch.Tensor:
+        """``shape`` entries: int (exact), None (any), or a str label (any; used in messages)."""
+        want = self._expected(dtype, shape)
+        if not isinstance(t, torch.Tensor):
+            self.fail(name, f"must be a tensor {want}, got {describe(t)}")
+        if dtype is not None:
+            allowed = dtype if isinstance(dtype, (tuple, list)) else (dtype,)
+            if t.dtype not in allowed:
+                self.fail(name, f"must be {want}, got {describe(t)}")
+        if shape is not None:
+            if t.dim() != len(shape) or any(isinstance(s, int) and not isinstance(s, bool) and t.shape[i] != s
+                                            for i, s in enumerate(shape)):
+                self.fail(name, f"must be {want}, got {describe(t)}")
+        if anchor and self.device is None:
+            self.device = t.device
+        elif self.device is not None and t.device != self.device:
+            self.fail(name, f"must be on {self.device} like the other inputs, got {describe(t)}")
+        if contiguous and not t.is_contiguous():
+            self.fail(name, f"must be contiguous, got strides {t.stride()}")
+        if last_dim_contiguous and t.dim() and t.stride(-1) != 1 and t.shape[-1] > 1:
+            self.fail(name, f"must have stride 1 in its last dimension, got strides {t.stride()}")
+        return t
+
+    def optional(self, name: str, t, **kw):
+        return None if t is None else self.tensor(name, t, **kw)
+
+    @staticmethod
+    def _expected(dtype, shape) -> str:
+        parts = []
+        if dtype is not None:
+            parts.append(_dtype_name(dtype))
+        if shape is not None:
+            parts.append("[" + ", ".join(str(s) if s is not None else "*" for s in shape) + "]")
+        return " ".join(parts) or "tensor"
+
+    def int_arg(self, name: str, value, *, minimum: int | None = None, choices=None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(name, f"must be an int, got {describe(value)}")
+        if minimum is not None and value < minimum:
+            self.fail(name, f"must be >= {minimum}, got {value}")
+        if choices is not None and value not in choices:
+            self.fail(name, f"must be one of {sorted(choices)}, got {value}")
+        return value
+
+    def float_arg(self, name: str, value, *, positive: bool = False, tensor_ok: bool = False) -> None:
+        if tensor_ok and isinstance(value, torch.Tensor):
+            self.tensor(name, value, dtype=torch.float32, shape=(1,))
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            kinds = "a float or a 1-element fp32 tensor" if tensor_ok else "a float"
+            self.fail(name, f"must be {kinds}, got {describe(value)}")
+        if positive and not value > 0:
+            self.fail(name, f"must be > 0, got {value}")
+
+    def choice(self, name: str, value, choices) -> str:
+        if value not in choices:
+            self.fail(name, f"must be one of {list(choices)}, got {value!r}")
+        return value
+
+    # -- value checks -------------------------------------------------------------------------
+    def values_checked(self, t: torch.Tensor) -> bool:
+        return t.device.type == "cpu" or self.debug
+
+    def in_range(self, name: str, t: torch.Tensor | None, lo: int | None, hi: int, *,
+                 allow: int | None = None, what: str = "values") -> None:
+        """Every element in ``[lo, hi)`` (``lo=None``: only below ``hi``), or equal to ``allow``."""
+        if t is None or t.numel() == 0 or not self.values_checked(t):
+            return
+        bad = t >= hi
+        if lo is not None:
+            bad |= t < lo
+        if allow is not None:
+            bad &= t != allow
+        if bool(bad.any()):
+            first = t[bad].flatten()[0].item()
+            extra = f" or {allow}" if allow is not None else ""
+            bounds = f"[{lo}, {hi})" if lo is not None else f"(-inf, {hi})"
+            self.fail(name, f"{what} must lie in {bounds}{extra}, found {first}")
+
+    def out_buffer(self, t, *, dtype, shape: tuple[int, ...]):
+        if t is None:
+            return None
+        self.tensor("out", t, dtype=dtype, shape=shape, contiguous=True)
+        return t

@@ -1,0 +1,139 @@
+"""Which accelerator the inputs live on: vendor, architecture, device name, library versions.
+
+Detection is cached per device. ``simulate_platform`` (or ``DSV4OPS_PLATFORM=vendor:arch``)
+overrides it so that tests and ``explain`` can ask what an sm100 or gfx942 box would run.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata
+import os
+import platform as _host
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import ConfigError
+
+VENDORS = ("cuda", "rocm", "xpu", "cpu")
+
+# Distributions whose versions `dsv4ops info` reports (looked up in metadata, never imported).
+_LIBRARIES = {
+    "torch": ("torch",),
+    "triton": ("triton", "pytorch-triton-rocm", "pytorch-triton-xpu"),
+    "flash_mla": ("tokenspeed-flashmla", "sgl-flash-mla", "flash-mla"),
+    "deep_gemm": ("tokenspeed-deepgemm", "sgl-deep-gemm", "deep-gemm"),
+    "flashinfer": ("flashinfer-python",),
+    "aiter": ("amd-aiter", "aiter"),
+    "intel_extension_for_pytorch": ("intel-extension-for-pytorch",),
+}
+
+
+@dataclass(frozen=True)
+class Platform:
+    """vendor: cuda | rocm | xpu | cpu; arch: sm90, sm100, sm103, sm120, sm121, gfx942, gfx950, ..."""
+
+    vendor: str
+    arch: str
+    device_name: str
+    simulated: bool = False
+    libraries: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.vendor, self.arch)
+
+    def __str__(self) -> str:
+        sim = " (simulated)" if self.simulated else ""
+        return f"{self.vendor}:{self.arch} [{self.device_name}]{sim}"
+
+
+def cuda_arch(major: int, minor: int) -> str:
+    """Compute capability -> arch tag (9.0 -> sm90, 10.0 -> sm100, 12.1 -> sm121)."""
+    return f"sm{major}{minor}"
+
+
+def library_versions() -> tuple[tuple[str, str], ...]:
+    found = []
+    for module, dists in _LIBRARIES.items():
+        for dist in dists:
+            try:
+                found.append((module, f"{dist} {importlib.metadata.version(dist)}"))
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=None)
+def _detect(device_type: str, index: int) -> Platform:
+    libs = library_versions()
+    if device_type == "cuda":
+        props = torch.cuda.get_device_properties(index)
+        if torch.version.hip:
+            arch = getattr(props, "gcnArchName", "gfx").split(":")[0]
+            return Platform("rocm", arch, props.name, libraries=libs)
+        return Platform("cuda", cuda_arch(props.major, props.minor), props.name, libraries=libs)
+    if device_type == "xpu":
+        name = torch.xpu.get_device_name(index)
+        return Platform("xpu", "xpu", name, libraries=libs)
+    return Platform("cpu", _host.machine() or "cpu", "host CPU", libraries=libs)
+
+
+_local = threading.local()
+
+
+def _env_simulation() -> Platform | None:
+    spec = os.environ.get("DSV4OPS_PLATFORM")
+    if not spec:
+        return None
+    return _parse_simulation(spec, "DSV4OPS_PLATFORM")
+
+
+@functools.lru_cache(maxsize=32)
+def _parse_simulation(spec: str, source: str) -> Platform:
+    vendor, _, arch = spec.partition(":")
+    if vendor not in VENDORS or not arch:
+        raise ConfigError(f"{source}={spec!r}: expected 'vendor:arch' with vendor in {VENDORS}, e.g. 'cuda:sm100'")
+    return Platform(vendor, arch, f"simulated {vendor} {arch}", simulated=True)
+
+
+@contextlib.contextmanager
+def simulate_platform(vendor: str, arch: str):
+    """Within the block, every device reports ``vendor:arch`` (for tests and ``explain``)."""
+    previous = getattr(_local, "simulated", None)
+    _local.simulated = _parse_simulation(f"{vendor}:{arch}", "simulate_platform")
+    try:
+        yield _local.simulated
+    finally:
+        _local.simulated = previous
+
+
+def platform(device: torch.device | str | None = None) -> Platform:
+    """The platform of ``device`` (default: the current accelerator if any, else the CPU)."""
+    simulated = getattr(_local, "simulated", None) or _env_simulation()
+    if simulated is not None:
+        return simulated
+    if device is None:
+        device = default_device()
+    device = torch.device(device)
+    index = device.index if device.index is not None else _current_index(device.type)
+    return _detect(device.type, index)
+
+
+def default_device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return torch.device("xpu", torch.xpu.current_device())
+    return torch.device("cpu")
+
+
+def _current_index(device_type: str) -> int:
+    if device_type == "cuda":
+        return torch.cuda.current_device()
+    if device_type == "xpu":
+        return torch.xpu.current_device()
+    return 0

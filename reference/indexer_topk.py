@@ -1,0 +1,24 @@
+"""Reference for op 5, spec §5 and Decision 3: row-local indices of the k largest valid logits."""
+from __future__ import annotations
+
+import torch
+
+from dsv4ops.ops._rows import row_bounds
+
+
+def indexer_topk(logits, k, *, row_starts=None, row_ends=None, seq_lens=None, next_n=1, out=None):
+    R, W = logits.shape
+    starts, ends = row_bounds(row_starts, row_ends, seq_lens, next_n)
+    cols = torch.arange(W, device=logits.device)
+    valid = (cols >= starts[:, None]) & (cols < ends[:, None])
+    count = valid.sum(1)
+    # Largest first; valid columns before invalid ones even when both are -inf.
+    order = torch.sort(torch.where(valid, logits, float("-inf")), dim=1, descending=True, stable=True).indices
+    invalid_first = (~valid.gather(1, order)).to(torch.int8)
+    order = order.gather(1, torch.sort(invalid_first, dim=1, stable=True).indices)
+    if W < k:
+        order = torch.nn.functional.pad(order, (0, k - W))
+    chosen = order[:, :k] - starts[:, None]
+    filled = torch.arange(k, device=logits.device) < count[:, None]
+    result = torch.where(filled, chosen, -1).to(torch.int32)
+    return result if out is None else out.copy_(result)

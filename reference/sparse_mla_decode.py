@@ -1,0 +1,50 @@
+"""Reference for op 2, spec §2 "Exact math" (FMLA ref_sparse_attn_decode) in the token-flattened
+form of Decision 7."""
+from __future__ import annotations
+
+import torch
+
+from dsv4ops import formats
+
+
+def gather_selected(cache, layout, block_size, indices, lens, kv_scale):
+    """Dequantized rows ``[T, topk, 512]`` fp32 for the selected entries, and their mask ``[T, topk]``.
+
+    An entry is selected when its index is not -1 and its position is below the row's length.
+    Unselected entries are zeroed (the rows they point at may hold NaN).
+    """
+    topk = indices.shape[1]
+    valid = indices != -1
+    if lens is not None:
+        valid &= torch.arange(topk, device=indices.device) < lens[:, None].to(torch.int64)
+    safe = torch.where(valid, indices, torch.zeros_like(indices))
+    rows = formats.read_kv(cache, layout, block_size, safe, kv_scale)
+    return torch.where(valid[..., None], rows, torch.zeros((), device=rows.device)), valid
+
+
+def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_size, softmax_scale,
+                      attn_sink=None, extra_kv_cache=None, extra_indices=None, extra_topk_lens=None,
+                      extra_block_size=None, kv_scale=1.0, q_scale=1.0, out=None):
+    keys, valid = gather_selected(kv_cache, layout, block_size, indices, topk_lens, kv_scale)
+    if extra_kv_cache is not None:
+        extra_keys, extra_valid = gather_selected(extra_kv_cache, layout, extra_block_size, extra_indices,
+                                                  extra_topk_lens, kv_scale)
+        keys, valid = torch.cat([keys, extra_keys], 1), torch.cat([valid, extra_valid], 1)
+
+    qf = q.to(torch.float32)
+    if layout == "fp8_per_tensor":
+        qf = qf * (q_scale.to(qf.device) if isinstance(q_scale, torch.Tensor) else q_scale)
+    scores = torch.einsum("thd,tkd->thk", qf, keys) * softmax_scale       # duplicates count twice
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)                                  # [T, H]; -inf when empty
+    lonely = lse == float("-inf")
+    probs = torch.exp(scores - torch.where(lonely, 0.0, lse)[..., None])
+    o = torch.einsum("thk,tkd->thd", probs, keys)
+    if attn_sink is not None:                                              # lse excludes the sink
+        o = o * torch.sigmoid(lse - attn_sink.to(torch.float32)[None, :])[..., None]
+    o = torch.where(lonely[..., None], 0.0, o)
+    lse = torch.where(lonely, float("inf"), lse)
+    result = o.to(torch.bfloat16)
+    if out is not None:
+        result = out.copy_(result)
+    return result, lse

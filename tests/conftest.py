@@ -1,0 +1,29 @@
+import os
+
+import pytest
+import torch
+
+import dsv4ops
+from dsv4ops import selection
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch):
+    """Each test starts with no backend pinning and an empty decision cache."""
+    monkeypatch.delenv("DSV4OPS_BACKEND", raising=False)
+    monkeypatch.delenv("DSV4OPS_PLATFORM", raising=False)
+    selection.clear_cache()
+    yield
+    selection.clear_cache()
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(1234)
+
+
+def pytest_configure(config):
+    from dsv4ops.backend_support import triton_interpreter_enabled
+    if triton_interpreter_enabled():
+        from dsv4ops.conformance.interpreter import patch_interpreter_bf16_dot
+        patch_interpreter_bf16_dot()

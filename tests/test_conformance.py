@@ -1,0 +1,112 @@
+"""The conformance matrix under pytest: every backend available here, every case of the tier
+(``DSV4OPS_TIER``, default quick), against the reference. Plus proof that the suite catches
+deliberately broken implementations."""
+import os
+
+import pytest
+import torch
+
+import dsv4ops
+from dsv4ops.conformance import cases, run_case
+from dsv4ops.ops import OP_NAMES
+from dsv4ops.platform import default_device
+from dsv4ops.registry import Backend, register_backend, unregister_backend
+
+TIER = os.environ.get("DSV4OPS_TIER", "quick")
+DEVICE = default_device()
+BACKENDS = [b.name for b in dsv4ops.backends() if b.available and b.name != "reference"]
+MATRIX = [(name, case) for name in ["reference", *BACKENDS] for op in OP_NAMES for case in cases(op, TIER)]
+
+
+@pytest.mark.parametrize("backend,case", MATRIX, ids=[f"{b}-{c.id}" for b, c in MATRIX])
+def test_conformance(backend, case):
+    result = run_case(case, backend, DEVICE, seed=hash(case.id) % 10_000)
+    if result.status == "skip":
+        pytest.skip(f"{backend} declines: {result.message}")
+    assert result.status == "pass", f"{result.message}\nrerun: {result.reproducer()}"
+
+
+# --- the suite must fail on broken implementations --------------------------------------------
+
+def _ref(op):
+    return getattr(dsv4ops.reference, op)
+
+
+def decode_ignoring_sink(**kw):
+    return _ref("sparse_mla_decode")(**{**kw, "attn_sink": None})
+
+
+def topk_absolute_indices(**kw):
+    out = _ref("indexer_topk")(**kw)
+    starts = kw["row_starts"] if kw["row_starts"] is not None else torch.zeros(out.shape[0], dtype=torch.int32)
+    return torch.where(out >= 0, out + starts[:, None], out)
+
+
+def insert_forgetting_pad_byte(**kw):
+    cache = kw["kv_cache"]
+    saved = cache.clone()
+    result = _ref("qnorm_rope_kv_insert")(**kw)
+    bs = kw["block_size"]
+    scales = cache[:, bs * 576: bs * 584].view(cache.shape[0], bs, 8)
+    scales[..., 7] = saved[:, bs * 576: bs * 584].view(cache.shape[0], bs, 8)[..., 7]
+    return result
+
+
+def logits_not_cleaned(**kw):
+    out = _ref("paged_mqa_logits")(**kw)
+    return torch.where(out == float("-inf"), 0.0, out)
+
+
+def einsum_ignoring_a_scale(**kw):
+    return _ref("fp8_einsum")(**{**kw, "a_scale": torch.ones_like(kw["a_scale"])})
+
+
+def decode_leaving_out_unwritten(**kw):
+    out, lse = _ref("sparse_mla_decode")(**{**kw, "out": None})
+    if kw["out"] is not None:
+        kw["out"][:, :, 1:].copy_(out[:, :, 1:])
+        return kw["out"], lse
+    return out, lse
+
+
+def topk_ignoring_lengths(**kw):
+    R, W = kw["logits"].shape
+    return _ref("indexer_topk")(kw["logits"], kw["k"], row_starts=torch.zeros(R, dtype=torch.int32),
+                                row_ends=torch.full((R,), W, dtype=torch.int32))
+
+
+BROKEN = [
+    ("sparse_mla_decode", decode_ignoring_sink, dict(T=3, H=4, topk=32, layout="fp8_ds_mla")),
+    ("indexer_topk", topk_absolute_indices, dict(R=4, W=300, k=16, mode="ranges")),
+    ("qnorm_rope_kv_insert", insert_forgetting_pad_byte, dict(T=4, H=2, layout="fp8_ds_mla", block_size=16,
+                                                              num_blocks=2, skip_slots=0)),
+    ("paged_mqa_logits", logits_not_cleaned, dict(B=2, next_n=2, context=40, H=4, block_size=16, clean=True)),
+    ("fp8_einsum", einsum_ignoring_a_scale, dict(B=3, H=2, D=128, R=256)),
+    ("sparse_mla_decode", decode_leaving_out_unwritten, dict(T=2, H=4, topk=32, layout="bf16", out=True)),
+    ("indexer_topk", topk_ignoring_lengths, dict(R=4, W=100, k=8, mode="decode1d", next_n=2)),
+]
+
+
+@pytest.mark.parametrize("op,impl,params", BROKEN, ids=[f.__name__ for _, f, _ in BROKEN])
+def test_suite_catches_broken_implementation(op, impl, params):
+    from dsv4ops.conformance.cases import Case
+
+    broken = register_backend(Backend("broken", ("cpu", "cuda")))
+    broken.implements(op, impl, priority=-1)
+    try:
+        case = Case(op, tuple(sorted(params.items())))
+        result = run_case(case, "broken", "cpu", seed=3)
+        assert result.status == "fail", result
+        assert run_case(case, "reference", "cpu", seed=3).status == "pass"
+    finally:
+        unregister_backend("broken")
+
+
+def test_cli_check_reports_and_exits(tmp_path, capsys):
+    from dsv4ops.cli import main
+    path = tmp_path / "r.json"
+    assert main(["check", "--backends", "reference", "--ops", "indexer_topk", "--json", str(path)]) == 0
+    import json
+    data = json.loads(path.read_text())
+    assert data["meta"]["tier"] == "quick" and all(r["status"] == "pass" for r in data["results"])
+    assert "passed" in capsys.readouterr().out

@@ -1,0 +1,171 @@
+"""Selection order, DSV4OPS_BACKEND syntax, forced-backend errors, explain, simulated platforms."""
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+import dsv4ops
+from dsv4ops import registry, selection
+from dsv4ops.backend_support import arch_in
+from dsv4ops.conformance import inputs
+from dsv4ops.registry import Backend, register_backend, unregister_backend
+
+
+def topk_args():
+    return inputs.indexer_topk("cpu", torch.Generator().manual_seed(0), R=4, W=64, k=8, mode="ranges")
+
+
+@pytest.fixture
+def fakes():
+    """Two fake backends serving indexer_topk on the CPU: 'fast' (priority 90, declines k > 16) and
+    'slow' (priority 10). Each records its calls and computes with the reference."""
+    calls = []
+
+    def make(name):
+        def impl(**kw):
+            calls.append(name)
+            return dsv4ops.reference.indexer_topk(**kw)
+        return impl
+
+    fast = register_backend(Backend("fast", ("cpu", "cuda")))
+    fast.implements("indexer_topk", make("fast"), priority=90,
+                    supports=lambda plat, call: None if call.k <= 16 else f"k={call.k} > 16")
+    slow = register_backend(Backend("slow", ("cpu",)))
+    slow.implements("indexer_topk", make("slow"), priority=10)
+    yield calls
+    unregister_backend("fast")
+    unregister_backend("slow")
+
+
+def test_priority_then_capability(fakes):
+    kw = topk_args()
+    dsv4ops.indexer_topk(**kw)
+    assert fakes == ["fast"]
+    dsv4ops.indexer_topk(**{**kw, "k": 32})
+    assert fakes[-1] == "slow"                        # fast declines k > 16, slow outranks reference
+    d = dsv4ops.explain("indexer_topk", **{**kw, "k": 32})
+    assert d.backend == "slow" and d.source == "priority"
+    status = {c.backend: c.status for c in d.candidates}
+    assert status["fast"] == "k=32 > 16" and status["reference"] == "available, lower priority"
+    assert "slow (by priority)" in str(d)
+
+
+def test_argument_beats_env_beats_priority(fakes, monkeypatch):
+    kw = topk_args()
+    monkeypatch.setenv("DSV4OPS_BACKEND", "indexer_topk=slow")
+    dsv4ops.indexer_topk(**kw)
+    assert fakes[-1] == "slow"
+    dsv4ops.indexer_topk(**kw, backend="fast")
+    assert fakes[-1] == "fast"
+    monkeypatch.setenv("DSV4OPS_BACKEND", "sparse_mla_decode=reference,*=slow")
+    dsv4ops.indexer_topk(**kw)
+    assert fakes[-1] == "slow"
+    monkeypatch.setenv("DSV4OPS_BACKEND", "reference")
+    n = len(fakes)
+    dsv4ops.indexer_topk(**kw)
+    assert len(fakes) == n                             # global pin to reference
+
+
+def test_forced_backend_never_falls_back(fakes, monkeypatch):
+    kw = {**topk_args(), "k": 32}
+    with pytest.raises(dsv4ops.UnsupportedError, match="fast: k=32 > 16"):
+        dsv4ops.indexer_topk(**kw, backend="fast")
+    monkeypatch.setenv("DSV4OPS_BACKEND", "indexer_topk=fast")
+    with pytest.raises(dsv4ops.UnsupportedError, match="forced by DSV4OPS_BACKEND"):
+        dsv4ops.indexer_topk(**kw)
+    monkeypatch.setenv("DSV4OPS_BACKEND", "indexer_topk=fast|slow")   # an explicit fallback list
+    dsv4ops.indexer_topk(**kw)
+    assert fakes[-1] == "slow"
+    with pytest.raises(dsv4ops.UnsupportedError, match="no such backend"):
+        dsv4ops.indexer_topk(**topk_args(), backend="nope")
+
+
+@pytest.mark.parametrize("value,bad", [
+    ("indexer_topk=", "indexer_topk="), ("nonsense_op=triton", "nonsense_op"), ("*=nope", "nope"),
+    ("indexer_topk=reference,indexer_topk=triton", "given twice"), ("a=b=c", "a=b=c"),
+])
+def test_malformed_env_is_config_error(monkeypatch, value, bad):
+    monkeypatch.setenv("DSV4OPS_BACKEND", value)
+    with pytest.raises(dsv4ops.ConfigError, match=bad.replace("*", r"\*").replace("|", r"\|")):
+        dsv4ops.indexer_topk(**topk_args())
+
+
+def test_env_parsing():
+    table = selection.parse_backend_env("sparse_mla_decode=reference|triton, *=reference")
+    assert table["sparse_mla_decode"].backends == ("reference", "triton")
+    assert not table["sparse_mla_decode"].strict and table["*"].strict
+    assert selection.parse_backend_env("triton")["*"].backends == ("triton",)
+    assert selection.parse_backend_env("") == {}
+
+
+def test_simulated_platform_explain(fakes):
+    kw = topk_args()
+    with dsv4ops.simulate_platform("cuda", "sm100"):
+        assert dsv4ops.platform().arch == "sm100"
+        d = dsv4ops.explain("indexer_topk", **kw)
+        status = {c.backend: c.status for c in d.candidates}
+        assert "platform cuda not supported" in status["slow"]
+        assert d.backend == "fast"
+    with dsv4ops.simulate_platform("rocm", "gfx942"):
+        d = dsv4ops.explain("indexer_topk", **kw)
+        assert {c.backend: c.status for c in d.candidates}["fast"].startswith("platform rocm not supported")
+
+
+def test_platform_env_simulation(monkeypatch):
+    monkeypatch.setenv("DSV4OPS_PLATFORM", "xpu:xpu")
+    assert dsv4ops.platform().vendor == "xpu"
+    monkeypatch.setenv("DSV4OPS_PLATFORM", "tpu")
+    with pytest.raises(dsv4ops.ConfigError):
+        dsv4ops.platform()
+
+
+def test_arch_check_helper():
+    with dsv4ops.simulate_platform("cuda", "sm90"):
+        assert arch_in("sm100")(dsv4ops.platform(), None) == "arch sm90 not supported (needs sm100)"
+
+
+def test_decisions_are_cached_and_thread_safe(fakes):
+    kw = topk_args()
+    selection.clear_cache()
+    errors = []
+
+    def worker():
+        try:
+            for _ in range(20):
+                dsv4ops.indexer_topk(**kw)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and set(fakes) == {"fast"}
+    keys = [k for k in selection._cache if k[0] == "indexer_topk"]
+    assert len(keys) == 1
+    dsv4ops.indexer_topk(**{**kw, "logits": torch.randn(7, 64), "row_starts": torch.zeros(7, dtype=torch.int32),
+                            "row_ends": torch.full((7,), 64, dtype=torch.int32)})
+    assert len([k for k in selection._cache if k[0] == "indexer_topk"]) == 1   # a new row count: same decision
+
+
+def test_dispatch_by_name_and_unknown_op():
+    kw = topk_args()
+    assert torch.equal(dsv4ops.dispatch("indexer_topk", **kw), dsv4ops.reference.indexer_topk(**kw))
+    with pytest.raises(dsv4ops.InputError, match="unknown op"):
+        dsv4ops.dispatch("nope")
+
+
+def test_every_backend_registered_and_honest():
+    infos = {b.name: b for b in dsv4ops.backends()}
+    assert {"reference", "triton", "flashmla", "deepgemm", "flashinfer", "aiter", "xpu"} <= set(infos)
+    for b in infos.values():
+        assert b.available or b.reason
+
+
+def test_import_loads_no_vendor_library():
+    code = ("import sys, dsv4ops; heavy = [m for m in ('triton', 'flash_mla', 'deep_gemm', 'flashinfer', 'aiter',"
+            " 'intel_extension_for_pytorch') if m in sys.modules]; assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True)

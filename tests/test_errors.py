@@ -1,0 +1,146 @@
+"""Error inputs per op (the OpInfo ``error_inputs`` model): each raises InputError naming the
+argument, before any kernel runs, leaving every caller buffer untouched."""
+import pytest
+import torch
+
+import dsv4ops
+from dsv4ops.conformance import inputs
+
+G = lambda: torch.Generator().manual_seed(7)
+
+
+def base(op):
+    return {
+        "qnorm_rope_kv_insert": lambda: inputs.qnorm_rope_kv_insert("cpu", G(), T=4, H=4, layout="fp8_ds_mla",
+                                                                     block_size=16, num_blocks=2),
+        "sparse_mla_decode": lambda: inputs.sparse_mla_decode("cpu", G(), T=3, H=4, topk=16, layout="fp8_ds_mla",
+                                                               block_size=16, extra_topk=8, extra_block_size=2),
+        "paged_mqa_logits": lambda: inputs.paged_mqa_logits("cpu", G(), B=2, next_n=2, context=32, H=4,
+                                                             block_size=16),
+        "fp8_einsum": lambda: inputs.fp8_einsum("cpu", G(), B=2, H=2, D=128, R=256),
+        "indexer_topk": lambda: inputs.indexer_topk("cpu", G(), R=4, W=64, k=8, mode="ranges"),
+    }[op]()
+
+
+def _set(**changes):
+    return lambda kw: kw.update(changes)
+
+
+def _with(name, fn):
+    return lambda kw: kw.update({name: fn(kw[name])})
+
+
+ERRORS = {
+    "qnorm_rope_kv_insert": [
+        ("q", _with("q", lambda t: t.float())),
+        ("q", _with("q", lambda t: t[..., :256].contiguous())),
+        ("q", _with("q", lambda t: torch.zeros(4, 129, 512, dtype=torch.bfloat16))),
+        ("q", _with("q", lambda t: t.transpose(0, 1).contiguous().transpose(0, 1))),
+        ("kv", _with("kv", lambda t: t[:3])),
+        ("positions", _with("positions", lambda t: t.int())),
+        ("positions", _with("positions", lambda t: t + 10_000)),
+        ("cos_sin_cache", _with("cos_sin_cache", lambda t: t[:, :32].contiguous())),
+        ("layout", _set(layout="fp8")),
+        ("kv_cache", _with("kv_cache", lambda t: t[:, :-1].contiguous())),
+        ("kv_cache", _set(layout="bf16")),
+        ("slot_mapping", _with("slot_mapping", lambda t: torch.cat([t, t]))),
+        ("slot_mapping", _with("slot_mapping", lambda t: t.clamp_min(0) + 32)),
+        ("block_size", _set(block_size=0)),
+        ("eps", _set(eps=-1.0)),
+        ("out", _set(out=torch.empty(4, 4, 256, dtype=torch.bfloat16))),
+    ],
+    "sparse_mla_decode": [
+        ("q", _with("q", lambda t: t.float())),
+        ("q", _with("q", lambda t: torch.zeros(3, 0, 512, dtype=torch.bfloat16))),
+        ("indices", _with("indices", lambda t: t.long())),
+        ("indices", _with("indices", lambda t: t[:2])),
+        ("indices", _with("indices", lambda t: torch.where(t == -1, -2, t))),
+        ("indices", _with("indices", lambda t: t.clamp_min(0) + 10_000)),
+        ("topk_lens", _with("topk_lens", lambda t: t + 100)),
+        ("attn_sink", _with("attn_sink", lambda t: t[:2])),
+        ("attn_sink", _with("attn_sink", lambda t: t.double())),
+        ("softmax_scale", _set(softmax_scale="0.04")),
+        ("extra_indices", _set(extra_indices=None)),
+        ("extra_kv_cache", _set(extra_kv_cache=None)),
+        ("extra_kv_cache", _set(extra_block_size=4)),
+        ("kv_cache", _set(layout="bf16")),
+        ("layout", _set(layout="fp8")),
+        ("out", _set(out=torch.empty(3, 4, 512))),
+    ],
+    "paged_mqa_logits": [
+        ("q", _with("q", lambda t: t.float())),
+        ("q", _with("q", lambda t: t[..., :64].contiguous())),
+        ("kv_cache", _with("kv_cache", lambda t: t[..., :128].contiguous())),
+        ("weights", _with("weights", lambda t: t[:1])),
+        ("weights", _with("weights", lambda t: t.bfloat16())),
+        ("context_lens", _with("context_lens", lambda t: t.long())),
+        ("context_lens", _with("context_lens", lambda t: t[:1])),
+        ("context_lens", _with("context_lens", lambda t: t + 1000)),
+        ("context_lens", _with("context_lens", lambda t: t - 1000)),
+        ("block_table", _with("block_table", lambda t: t.long())),
+        ("block_table", _with("block_table", lambda t: t + 1000)),
+        ("max_context_len", _set(max_context_len=-1)),
+        ("clean", _set(clean="yes")),
+        ("out", _set(out=torch.empty(3, 32))),
+    ],
+    "fp8_einsum": [
+        ("equation", _set(equation="bhr,hrd->bhd")),
+        ("a", _with("a", lambda t: t.float())),
+        ("a", _with("a", lambda t: t[..., :100])),
+        ("b", _with("b", lambda t: t[:1])),
+        ("b", _with("b", lambda t: t.transpose(1, 2).contiguous().transpose(1, 2))),
+        ("b", _with("b", lambda t: t[:, :100].contiguous())),
+        ("a_scale", _with("a_scale", lambda t: t[..., :1])),
+        ("a_scale", _with("a_scale", lambda t: t.double())),
+        ("b_scale", _with("b_scale", lambda t: t.reshape(2, 2, 1))),
+        ("out_dtype", _set(out_dtype=torch.float16)),
+        ("out", _set(out=torch.empty(2, 2, 128))),
+    ],
+    "indexer_topk": [
+        ("logits", _with("logits", lambda t: t.double())),
+        ("logits", _with("logits", lambda t: t[0])),
+        ("k", _set(k=0)),
+        ("k", _set(k=8.0)),
+        ("row_ends", _set(row_ends=None)),
+        ("row_starts", _with("row_starts", lambda t: t.long())),
+        ("row_ends", _with("row_ends", lambda t: t + 1000)),
+        ("row_starts", _with("row_starts", lambda t: t - 1000)),
+        ("seq_lens", _set(seq_lens=torch.tensor([3, 4], dtype=torch.int32))),
+        ("seq_lens", lambda kw: kw.update(row_starts=None, row_ends=None, seq_lens=torch.ones(3, dtype=torch.int32))),
+        ("next_n", lambda kw: kw.update(row_starts=None, row_ends=None, next_n=3,
+                                        seq_lens=torch.ones(2, 2, dtype=torch.int32))),
+        ("next_n", _set(next_n=0)),
+        ("out", _set(out=torch.empty(4, 8, dtype=torch.int64))),
+    ],
+}
+
+CASES = [(op, arg, fn) for op, errs in ERRORS.items() for arg, fn in errs]
+
+
+def test_at_least_ten_error_inputs_per_op():
+    assert all(len(v) >= 10 for v in ERRORS.values())
+
+
+@pytest.mark.parametrize("op,arg,mutate", CASES, ids=[f"{op}-{arg}-{i}" for i, (op, arg, _) in enumerate(CASES)])
+def test_error_input(op, arg, mutate):
+    kw = base(op)
+    dsv4ops.explain(op, **kw)                           # the unmodified call is valid
+    mutate(kw)
+    before = {k: v.clone() for k, v in kw.items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(dsv4ops.InputError, match=f"{op}: argument '{arg}'"):
+        dsv4ops.dispatch(op, **kw)
+    for name, tensor in before.items():                 # nothing written to caller buffers
+        assert torch.equal(kw[name].view(torch.uint8) if kw[name].dim() else kw[name], tensor.view(torch.uint8)
+                           if tensor.dim() else tensor) or torch.equal(kw[name].isnan(), tensor.isnan()), name
+
+
+def test_input_error_is_value_error():
+    assert issubclass(dsv4ops.InputError, ValueError)
+
+
+def test_value_checks_skipped_on_gpu_without_debug(monkeypatch):
+    from dsv4ops.ops._validate import Checker
+    monkeypatch.setenv("DSV4OPS_DEBUG", "1")
+    assert Checker("x").debug
+    monkeypatch.setenv("DSV4OPS_DEBUG", "0")
+    assert not Checker("x").debug
