@@ -36,10 +36,10 @@ def cmd_info(args) -> int:
 def cmd_check(args) -> int:
     from .backend_support import triton_interpreter_enabled
     from .conformance import select_cases, summarize, to_json
-    from .conformance.interpreter import patch_interpreter_bf16_dot
+    from .conformance.interpreter import patch_triton_interpreter
 
     if triton_interpreter_enabled():
-        patch_interpreter_bf16_dot()
+        patch_triton_interpreter()
 
     device = args.device or default_device()
     ops = args.ops.split(",") if args.ops else list(OP_NAMES)

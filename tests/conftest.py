@@ -25,5 +25,5 @@ def gen():
 def pytest_configure(config):
     from dsv4ops.backend_support import triton_interpreter_enabled
     if triton_interpreter_enabled():
-        from dsv4ops.conformance.interpreter import patch_interpreter_bf16_dot
-        patch_interpreter_bf16_dot()
+        from dsv4ops.conformance.interpreter import patch_triton_interpreter
+        patch_triton_interpreter()

@@ -1,5 +1,5 @@
 """Portable Triton kernels for all five ops (CUDA, ROCm, XPU; the CPU through TRITON_INTERPRET=1)."""
-from dsv4ops.backend_support import import_probe, triton_interpreter_enabled
+from dsv4ops.backend_support import all_of, import_probe, triton_interpreter_enabled
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
 
@@ -15,3 +15,16 @@ def runs_here(plat: Platform, call) -> str | None:
     if call.device.type == "cpu" and not triton_interpreter_enabled():
         return "CPU tensors need TRITON_INTERPRET=1"
     return None
+
+
+def fp8_flavour_matches(plat: Platform, call) -> str | None:
+    """FNUZ e4m3 exists on gfx942 only; OCP e4m3 everywhere else (ROCm gfx950 included)."""
+    layout = call.kwargs.get("layout", "")
+    if layout.endswith("_fnuz") and plat.vendor in ("cuda", "xpu"):
+        return f"layout {layout} (FNUZ fp8) is not supported on {plat.vendor}"
+    return None
+
+
+_P = "dsv4ops.backends.triton"
+BACKEND.implements("qnorm_rope_kv_insert", f"{_P}.qnorm_rope_kv_insert:qnorm_rope_kv_insert", priority=50,
+                   supports=all_of(runs_here, fp8_flavour_matches))

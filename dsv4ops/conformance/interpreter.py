@@ -1,36 +1,61 @@
-"""Work around the Triton interpreter's bf16 ``tl.dot`` (triton issue 11584).
+"""Work around two Triton interpreter bugs, in the test setup rather than in the kernels.
 
-The interpreter stores bf16 as uint16 and hands those raw bits to ``np.matmul``, so a bf16 dot
-multiplies integers. The patch converts bf16 operands to float32 inside the interpreter's dot;
-kernels are unchanged. Applied by the test setup and by ``dsv4ops check`` under TRITON_INTERPRET=1.
+1. bf16 ``tl.dot`` (triton issue 11584): the interpreter stores bf16 as uint16 and hands those raw
+   bits to ``np.matmul``. The patch converts bf16 operands to float32 inside the interpreter's dot.
+2. Float downcasts (fp32 -> bf16 / fp8): the interpreter's bit-level converter drops the carry when
+   rounding overflows the mantissa (126.07 -> fp8 gives 64, not 128). The patch performs
+   round-to-nearest-even downcasts with PyTorch's converters.
+
+Applied by the test setup and by ``dsv4ops check`` under TRITON_INTERPRET=1.
 """
 from __future__ import annotations
 
 import functools
 
 
-def patch_interpreter_bf16_dot() -> bool:
+def patch_triton_interpreter() -> bool:
     """Patch once; returns False when Triton or its interpreter is not importable."""
     try:
         import numpy as np
+        import torch
         import triton.language as tl
+        from triton._C.libtriton import ir
         from triton.runtime import interpreter
     except Exception:
         return False
     builder = interpreter.InterpreterBuilder
     if getattr(builder.create_dot, "_dsv4ops_patched", False):
         return True
-    original = builder.create_dot
 
-    @functools.wraps(original)
+    original_dot = builder.create_dot
+
+    @functools.wraps(original_dot)
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         def widen(x):
             if x.dtype.scalar == tl.bfloat16:
                 data = interpreter._convert_float(x.data, tl.bfloat16, tl.float32, None).view(np.float32)
                 return interpreter.TensorHandle(data, tl.float32)
             return x
-        return original(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+        return original_dot(self, widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
 
     create_dot._dsv4ops_patched = True
     builder.create_dot = create_dot
+
+    torch_of = {tl.bfloat16: torch.bfloat16, tl.float16: torch.float16, tl.float32: torch.float32,
+                tl.float8e4nv: torch.float8_e4m3fn, tl.float8e4b8: torch.float8_e4m3fnuz,
+                tl.float8e5: torch.float8_e5m2}
+    original_convert = interpreter._convert_float
+
+    @functools.wraps(original_convert)
+    def convert_float(data, input_dtype, output_dtype, rounding_mode):
+        src, dst = torch_of.get(input_dtype), torch_of.get(output_dtype)
+        if src is None or dst is None or rounding_mode == ir.ROUNDING_MODE.RTZ:
+            return original_convert(data, input_dtype, output_dtype, rounding_mode)
+        raw = torch.from_numpy(np.ascontiguousarray(data)).view(src)
+        result = raw.to(torch.float32).to(dst)
+        uint = getattr(np, f"uint{output_dtype.primitive_bitwidth}")
+        return result.view(getattr(torch, f"uint{output_dtype.primitive_bitwidth}") if uint is not np.uint8
+                           else torch.uint8).numpy().view(uint)
+
+    interpreter._convert_float = convert_float
     return True

@@ -1,0 +1,119 @@
+"""Triton op 1: one launch, grid (T, H + 1). Programs h < H normalize + rope one query head;
+program h == H ropes, quantizes and inserts token t's KV row (if its slot is >= 0)."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv4ops import formats
+from dsv4ops.platform import platform
+
+from .common import ceil_log2, exp2_int, fp8_limit, load_scalar, scalar_arg
+from .tuning import tuning
+
+LAYOUT_DS_MLA, LAYOUT_BF16, LAYOUT_FP8 = 0, 1, 2
+
+
+@triton.jit
+def _rope(e, o, cos, sin):
+    return e * cos - o * sin, e * sin + o * cos
+
+
+@triton.jit
+def _qnorm_rope_kv_insert_kernel(
+    q_ptr, kv_ptr, kv_stride, pos_ptr, cs_ptr, cache_ptr, slot_ptr, out_ptr, n_kv, H, eps,
+    kv_scale, q_scale, block_size, page_bytes,
+    LAYOUT: tl.constexpr, FNUZ: tl.constexpr, KV_SCALE_PTR: tl.constexpr, Q_SCALE_PTR: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    i = tl.arange(0, 32)
+    pos = tl.load(pos_ptr + t)
+    cos = tl.load(cs_ptr + pos * 64 + i)
+    sin = tl.load(cs_ptr + pos * 64 + 32 + i)
+    fp8: tl.constexpr = tl.float8e4b8 if FNUZ else tl.float8e4nv
+    if h < H:
+        row = q_ptr + (t * H + h) * 512
+        d = tl.arange(0, 512)
+        x = tl.load(row + d).to(tl.float32)
+        r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / 512 + eps)
+        e = tl.load(row + 448 + 2 * i).to(tl.float32) * r
+        o = tl.load(row + 449 + 2 * i).to(tl.float32) * r
+        e2, o2 = _rope(e, o, cos, sin)
+        dst = out_ptr + (t * H + h) * 512
+        nope = d < 448
+        if LAYOUT == 2:       # fp8 q' = sat(bf16(q') / q_scale); q itself untouched
+            qs = load_scalar(q_scale, Q_SCALE_PTR)
+            y = (x * r).to(tl.bfloat16).to(tl.float32) / qs
+            tl.store(dst + d, tl.clamp(y, -FP8_MAX, FP8_MAX).to(tl.float8e4nv), mask=nope)
+            e3 = tl.clamp(e2.to(tl.bfloat16).to(tl.float32) / qs, -FP8_MAX, FP8_MAX)
+            o3 = tl.clamp(o2.to(tl.bfloat16).to(tl.float32) / qs, -FP8_MAX, FP8_MAX)
+            tl.store(dst + 448 + 2 * i, e3.to(tl.float8e4nv))
+            tl.store(dst + 449 + 2 * i, o3.to(tl.float8e4nv))
+        else:
+            tl.store(dst + d, (x * r).to(tl.bfloat16), mask=nope)
+            tl.store(dst + 448 + 2 * i, e2.to(tl.bfloat16))
+            tl.store(dst + 449 + 2 * i, o2.to(tl.bfloat16))
+    elif t < n_kv:
+        slot = tl.load(slot_ptr + t)
+        if slot >= 0:
+            src = kv_ptr + t * kv_stride
+            e, o = _rope(tl.load(src + 448 + 2 * i).to(tl.float32), tl.load(src + 449 + 2 * i).to(tl.float32), cos, sin)
+            e = e.to(tl.bfloat16)
+            o = o.to(tl.bfloat16)
+            block = slot // block_size
+            off = slot % block_size
+            if LAYOUT == 0:
+                page = cache_ptr + block * page_bytes
+                tile = tl.arange(0, 8)[:, None]
+                col = tl.arange(0, 64)[None, :]
+                live = tile < 7
+                v = tl.load(src + tile * 64 + col, mask=live, other=0.0).to(tl.float32)
+                amax = tl.maximum(tl.max(tl.abs(v), axis=1), 1e-4)
+                ex = ceil_log2(amax / FP8_MAX)
+                q8 = tl.clamp(v * exp2_int(-ex)[:, None], -FP8_MAX, FP8_MAX).to(fp8)
+                data = page + off * 576
+                tl.store(data + tile * 64 + col, q8.to(tl.uint8, bitcast=True), mask=live)
+                rope = (data + 448).to(tl.pointer_type(tl.bfloat16))
+                tl.store(rope + 2 * i, e)
+                tl.store(rope + 2 * i + 1, o)
+                byte = tl.where(tl.arange(0, 8) < 7, tl.minimum(tl.maximum(ex + 127, 0), 255), 0)
+                tl.store(page + block_size * 576 + off * 8 + tl.arange(0, 8), byte.to(tl.uint8))
+            else:
+                dst = cache_ptr + (block * block_size + off) * 512
+                d = tl.arange(0, 512)
+                nope = d < 448
+                v = tl.load(src + d, mask=nope, other=0.0)
+                if LAYOUT == 1:
+                    tl.store(dst + d, v, mask=nope)
+                    tl.store(dst + 448 + 2 * i, e)
+                    tl.store(dst + 449 + 2 * i, o)
+                else:
+                    ks = load_scalar(kv_scale, KV_SCALE_PTR)
+                    tl.store(dst + d, tl.clamp(v.to(tl.float32) / ks, -FP8_MAX, FP8_MAX).to(tl.float8e4nv), mask=nope)
+                    tl.store(dst + 448 + 2 * i, tl.clamp(e.to(tl.float32) / ks, -FP8_MAX, FP8_MAX).to(tl.float8e4nv))
+                    tl.store(dst + 449 + 2 * i, tl.clamp(o.to(tl.float32) / ks, -FP8_MAX, FP8_MAX).to(tl.float8e4nv))
+
+
+def qnorm_rope_kv_insert(q, kv, positions, cos_sin_cache, kv_cache, slot_mapping, *, layout, block_size,
+                         eps=1e-6, kv_scale=1.0, q_scale=1.0, out=None):
+    T, H, _ = q.shape
+    per_tensor = layout == "fp8_per_tensor"
+    if out is None:
+        out = torch.empty(T, H, 512, dtype=torch.float8_e4m3fn, device=q.device) if per_tensor else q
+    if T == 0:
+        return out
+    kind = LAYOUT_DS_MLA if formats.is_ds_mla(layout) else LAYOUT_BF16 if layout == "bf16" else LAYOUT_FP8
+    fnuz = formats.fp8_flavour(layout) == "fnuz"
+    ks, ks_ptr = scalar_arg(kv_scale)
+    qs, qs_ptr = scalar_arg(q_scale)
+    page_bytes = formats.ds_mla_page_bytes(block_size) if kind == LAYOUT_DS_MLA else 0
+    _qnorm_rope_kv_insert_kernel[(T, H + 1)](
+        q, kv, kv.stride(0), positions, cos_sin_cache, kv_cache, slot_mapping, out, slot_mapping.shape[0], H,
+        eps, ks, qs, block_size, page_bytes,
+        LAYOUT=kind, FNUZ=fnuz, KV_SCALE_PTR=ks_ptr, Q_SCALE_PTR=qs_ptr, FP8_MAX=fp8_limit(fnuz),
+        num_warps=tuning(platform(q.device)).insert_warps,
+    )
+    return out
