@@ -28,3 +28,5 @@ def fp8_flavour_matches(plat: Platform, call) -> str | None:
 _P = "dsv4ops.backends.triton"
 BACKEND.implements("qnorm_rope_kv_insert", f"{_P}.qnorm_rope_kv_insert:qnorm_rope_kv_insert", priority=50,
                    supports=all_of(runs_here, fp8_flavour_matches))
+BACKEND.implements("sparse_mla_decode", f"{_P}.sparse_mla_decode:sparse_mla_decode", priority=50,
+                   supports=all_of(runs_here, fp8_flavour_matches))

@@ -25,7 +25,7 @@ def ue8m0_decode(byte):
     """UE8M0 byte (uint8) -> fp32 2**(byte-127); byte 0 -> 2**-127 (subnormal)."""
     b = byte.to(tl.int32)
     normal = (b << 23).to(tl.float32, bitcast=True)
-    return tl.where(b == 0, (1 << 22).to(tl.float32, bitcast=True), normal)
+    return tl.where(b == 0, 5.877471754111438e-39, normal)
 
 
 @triton.jit

@@ -5,6 +5,9 @@
 2. Float downcasts (fp32 -> bf16 / fp8): the interpreter's bit-level converter drops the carry when
    rounding overflows the mantissa (126.07 -> fp8 gives 64, not 128). The patch performs
    round-to-nearest-even downcasts with PyTorch's converters.
+3. Scalars as loop bounds: the interpreter turns a scalar into ``int`` through ``int(array)``, which
+   NumPy >= 2.4 refuses for 1-element arrays, so ``range(n)`` over a kernel argument fails. The
+   patch reads the element instead.
 
 Applied by the test setup and by ``dsv4ops check`` under TRITON_INTERPRET=1.
 """
@@ -58,4 +61,13 @@ def patch_triton_interpreter() -> bool:
                            else torch.uint8).numpy().view(uint)
 
     interpreter._convert_float = convert_float
+
+    original_patch_tensor = interpreter._patch_lang_tensor
+
+    @functools.wraps(original_patch_tensor)
+    def patch_lang_tensor(tensor, scope):
+        original_patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patch_lang_tensor
     return True

@@ -1,0 +1,216 @@
+"""Triton op 2: sparse MQA decode that reads each selected cache row once per (token, head block),
+dequantizes it in registers and serves all heads of the block from it (online softmax, base 2).
+
+Grid (T, head blocks, splits). When T x head blocks cannot fill the GPU, the combined index list
+(SWA segment, then extra segment) is split across programs and a second kernel merges the partial
+results by their log-sum-exp; the sink and the lonely-row rule are applied at the end.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv4ops import formats
+from dsv4ops.platform import platform
+
+from .common import load_scalar, scalar_arg, ue8m0_decode
+from .tuning import multiprocessors, tuning
+
+LAYOUT_DS_MLA, LAYOUT_BF16, LAYOUT_FP8 = 0, 1, 2
+LN2 = math.log(2.0)
+
+
+@triton.jit
+def _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT: tl.constexpr, FNUZ: tl.constexpr):
+    """Rows ``[BLOCK_K, 512]`` as bf16 (fp8 values unscaled for LAYOUT_FP8); invalid rows are 0."""
+    col = tl.arange(0, 512)[None, :]
+    ok = valid[:, None]
+    if LAYOUT == 0:
+        block = (slots // block_size).to(tl.int64)
+        off = (slots % block_size).to(tl.int64)
+        page = cache_ptr + block * page_bytes
+        data = (page + off * 576)[:, None]
+        nope = col < 448
+        raw = tl.load(data + col, mask=ok & nope, other=0)
+        fp8: tl.constexpr = tl.float8e4b8 if FNUZ else tl.float8e4nv
+        scale_byte = tl.load((page + block_size * 576 + off * 8)[:, None] + col // 64, mask=ok & nope, other=127)
+        values = raw.to(fp8, bitcast=True).to(tl.float32) * ue8m0_decode(scale_byte)
+        rope_ptr = (data + 448).to(tl.pointer_type(tl.bfloat16))
+        rope = tl.load(rope_ptr + (col - 448), mask=ok & (col >= 448), other=0.0).to(tl.float32)
+        return tl.where(nope, values, rope).to(tl.bfloat16)
+    else:
+        row = cache_ptr + slots.to(tl.int64)[:, None] * 512
+        return tl.load(row + col, mask=ok, other=0.0).to(tl.bfloat16)
+
+
+@triton.jit
+def _attend_block(q, m, l, acc, t, idx_ptr, length, topk, cache_ptr, block_size, page_bytes, b, qk_scale,
+                  LAYOUT: tl.constexpr, FNUZ: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Online-softmax step over index block ``b`` of one segment; scores in base 2."""
+    j = b * BLOCK_K + tl.arange(0, BLOCK_K)
+    slots = tl.load(idx_ptr + t * topk + j, mask=j < topk, other=-1)
+    valid = (slots != -1) & (j < length)
+    k = _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT, FNUZ)
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), k)
+    return m_new, l, acc
+
+
+@triton.jit
+def _segment_length(lens_ptr, t, topk, HAS_LENS: tl.constexpr):
+    length = topk
+    if HAS_LENS:
+        length = tl.minimum(tl.load(lens_ptr + t), topk)
+    return length
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, H, cache_ptr, idx_ptr, lens_ptr, topk, block_size, page_bytes,
+    x_cache_ptr, x_idx_ptr, x_lens_ptr, x_topk, x_block_size, x_page_bytes,
+    sink_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, sm_scale, q_scale, kv_scale, blocks_per_split,
+    HAS_LENS: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_X_LENS: tl.constexpr, HAS_SINK: tl.constexpr,
+    LAYOUT: tl.constexpr, FNUZ: tl.constexpr, SPLIT: tl.constexpr, Q_SCALE_PTR: tl.constexpr,
+    KV_SCALE_PTR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    split = tl.program_id(2)
+    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    live = heads < H
+    col = tl.arange(0, 512)
+    q = tl.load(q_ptr + (t * H + heads)[:, None] * 512 + col[None, :], mask=live[:, None], other=0.0)
+    q = q.to(tl.bfloat16)
+    qk_scale = sm_scale * 1.4426950408889634
+    if LAYOUT == 2:
+        qk_scale = qk_scale * load_scalar(q_scale, Q_SCALE_PTR) * load_scalar(kv_scale, KV_SCALE_PTR)
+
+    m = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_H,), tl.float32)
+    acc = tl.zeros((BLOCK_H, 512), tl.float32)
+    n_main = tl.cdiv(topk, BLOCK_K)
+    length = _segment_length(lens_ptr, t, topk, HAS_LENS)
+    x_length = _segment_length(x_lens_ptr, t, x_topk, HAS_X_LENS)
+    for i in range(0, blocks_per_split):          # blocks of the SWA segment, then of the extra one
+        b = split * blocks_per_split + i
+        if b < n_main:
+            m, l, acc = _attend_block(q, m, l, acc, t, idx_ptr, length, topk, cache_ptr, block_size,
+                                      page_bytes, b, qk_scale, LAYOUT, FNUZ, BLOCK_K)
+        elif HAS_EXTRA:
+            if b - n_main < tl.cdiv(x_topk, BLOCK_K):
+                m, l, acc = _attend_block(q, m, l, acc, t, x_idx_ptr, x_length, x_topk, x_cache_ptr,
+                                          x_block_size, x_page_bytes, b - n_main, qk_scale, LAYOUT, FNUZ,
+                                          BLOCK_K)
+
+    empty = l == 0.0
+    o = acc / tl.where(empty, 1.0, l)[:, None]
+    if LAYOUT == 2:
+        o = o * load_scalar(kv_scale, KV_SCALE_PTR)
+    lse = tl.where(empty, float("-inf"), (m + tl.log2(tl.where(empty, 1.0, l))) * 0.6931471805599453)
+    if SPLIT:
+        row = (t * H + heads) * tl.num_programs(2) + split
+        tl.store(part_o_ptr + row[:, None] * 512 + col[None, :], o, mask=live[:, None])
+        tl.store(part_lse_ptr + row, lse, mask=live)
+    else:
+        _finish(o, lse, empty, heads, live, t, H, sink_ptr, out_ptr, lse_ptr, HAS_SINK)
+
+
+@triton.jit
+def _finish(o, lse, empty, heads, live, t, H, sink_ptr, out_ptr, lse_ptr, HAS_SINK: tl.constexpr):
+    """Apply the sink (lse excludes it) and the lonely-row rule; write bf16 out and fp32 lse."""
+    if HAS_SINK:
+        sink = tl.load(sink_ptr + heads, mask=live, other=float("-inf"))
+        o = o / (1.0 + tl.exp(tl.where(empty, 0.0, sink - lse)))[:, None]
+    o = tl.where(empty[:, None], 0.0, o)
+    col = tl.arange(0, 512)
+    tl.store(out_ptr + (t * H + heads)[:, None] * 512 + col[None, :], o.to(tl.bfloat16), mask=live[:, None])
+    tl.store(lse_ptr + t * H + heads, tl.where(empty, float("inf"), lse), mask=live)
+
+
+@triton.jit
+def _combine_kernel(part_o_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr, H, n_splits,
+                    HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    live = heads < H
+    col = tl.arange(0, 512)
+    m = tl.full((BLOCK_H,), float("-inf"), tl.float32)
+    for s in range(n_splits):
+        m = tl.maximum(m, tl.load(part_lse_ptr + (t * H + heads) * n_splits + s, mask=live, other=float("-inf")))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.zeros((BLOCK_H,), tl.float32)
+    o = tl.zeros((BLOCK_H, 512), tl.float32)
+    for s in range(n_splits):
+        row = (t * H + heads) * n_splits + s
+        w = tl.exp(tl.load(part_lse_ptr + row, mask=live, other=float("-inf")) - m_safe)
+        total += w
+        o += w[:, None] * tl.load(part_o_ptr + row[:, None] * 512 + col[None, :], mask=live[:, None] & (w[:, None] > 0),
+                                  other=0.0)
+    empty = total == 0.0
+    o = o / tl.where(empty, 1.0, total)[:, None]
+    lse = tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, total)))
+    _finish(o, lse, empty, heads, live, t, H, sink_ptr, out_ptr, lse_ptr, HAS_SINK)
+
+
+def choose_splits(T: int, head_blocks: int, index_blocks: int, device: torch.device) -> int:
+    """Split the index list only when T x head blocks leaves most multiprocessors idle."""
+    programs = T * head_blocks
+    sms = multiprocessors(device)
+    if programs >= sms or index_blocks <= 1:
+        return 1
+    return max(1, min(index_blocks, triton.cdiv(2 * sms, programs)))
+
+
+def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_size, softmax_scale,
+                      attn_sink=None, extra_kv_cache=None, extra_indices=None, extra_topk_lens=None,
+                      extra_block_size=None, kv_scale=1.0, q_scale=1.0, out=None):
+    T, H, _ = q.shape
+    out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=q.device) if out is None else out
+    lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+    if T == 0:
+        return out, lse
+    tune = tuning(platform(q.device))
+    BLOCK_H, BLOCK_K = tune.decode_block_h, tune.decode_block_k
+    kind = LAYOUT_DS_MLA if formats.is_ds_mla(layout) else LAYOUT_BF16 if layout == "bf16" else LAYOUT_FP8
+    page = formats.ds_mla_page_bytes(block_size) if kind == LAYOUT_DS_MLA else 0
+    has_extra = extra_kv_cache is not None
+    topk = indices.shape[1]
+    x_topk = extra_indices.shape[1] if has_extra else 0
+    x_page = formats.ds_mla_page_bytes(extra_block_size) if has_extra and kind == LAYOUT_DS_MLA else 0
+    index_blocks = triton.cdiv(topk, BLOCK_K) + triton.cdiv(x_topk, BLOCK_K)
+    head_blocks = triton.cdiv(H, BLOCK_H)
+    splits = choose_splits(T, head_blocks, index_blocks, q.device)
+    per_split = triton.cdiv(index_blocks, splits)
+    splits = triton.cdiv(index_blocks, per_split) if index_blocks else 1
+    part_o = part_lse = out                     # unused placeholders when not splitting
+    if splits > 1:
+        part_o = torch.empty(T, H, splits, 512, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(T, H, splits, dtype=torch.float32, device=q.device)
+    qs, qs_ptr = scalar_arg(q_scale)
+    ks, ks_ptr = scalar_arg(kv_scale)
+    dummy = indices
+    _decode_kernel[(T, head_blocks, splits)](
+        q, H, kv_cache, indices, topk_lens if topk_lens is not None else dummy, topk, block_size, page,
+        extra_kv_cache if has_extra else kv_cache, extra_indices if has_extra else dummy,
+        extra_topk_lens if extra_topk_lens is not None else dummy, x_topk, extra_block_size or 1, x_page,
+        attn_sink if attn_sink is not None else lse, out, lse, part_o, part_lse, softmax_scale, qs, ks, per_split,
+        HAS_LENS=topk_lens is not None, HAS_EXTRA=has_extra, HAS_X_LENS=extra_topk_lens is not None,
+        HAS_SINK=attn_sink is not None, LAYOUT=kind, FNUZ=formats.fp8_flavour(layout) == "fnuz",
+        SPLIT=splits > 1, Q_SCALE_PTR=qs_ptr, KV_SCALE_PTR=ks_ptr, BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K,
+        num_warps=tune.decode_warps, num_stages=tune.decode_stages,
+    )
+    if splits > 1:
+        _combine_kernel[(T, head_blocks)](
+            part_o, part_lse, attn_sink if attn_sink is not None else lse, out, lse, H, splits,
+            HAS_SINK=attn_sink is not None, BLOCK_H=BLOCK_H, num_warps=tune.decode_warps,
+        )
+    return out, lse
