@@ -30,3 +30,16 @@ BACKEND.implements("qnorm_rope_kv_insert", f"{_P}.qnorm_rope_kv_insert:qnorm_rop
                    supports=all_of(runs_here, fp8_flavour_matches))
 BACKEND.implements("sparse_mla_decode", f"{_P}.sparse_mla_decode:sparse_mla_decode", priority=50,
                    supports=all_of(runs_here, fp8_flavour_matches))
+
+
+def next_n_power_of_two(plat: Platform, call) -> str | None:
+    next_n = call.q.shape[1]
+    if next_n & (next_n - 1):
+        return f"next_n={next_n} is not a power of two"
+    return None
+
+
+BACKEND.implements("paged_mqa_logits", f"{_P}.paged_mqa_logits:paged_mqa_logits", priority=50,
+                   supports=all_of(runs_here, next_n_power_of_two))
+BACKEND.implements("fp8_einsum", f"{_P}.fp8_einsum:fp8_einsum", priority=50, supports=runs_here)
+BACKEND.implements("indexer_topk", f"{_P}.indexer_topk:indexer_topk", priority=50, supports=runs_here)

@@ -1,0 +1,72 @@
+"""Triton op 3: one program per (request, block of compressed tokens). It gathers the block's
+fp8 keys once and scores every (MTP row, head) of the request against them with one tl.dot."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsv4ops.platform import platform
+
+from .tuning import tuning
+
+
+@triton.jit
+def _paged_mqa_logits_kernel(q_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, H, max_blocks, block_size,
+                             width, LENS_2D: tl.constexpr, CLEAN: tl.constexpr, NEXT_N: tl.constexpr,
+                             H_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    t0 = tl.program_id(1) * BLOCK_T
+    t = t0 + tl.arange(0, BLOCK_T)
+    j = tl.arange(0, NEXT_N)
+    if LENS_2D:
+        limit = tl.load(lens_ptr + b * NEXT_N + j)
+    else:
+        limit = tl.maximum(tl.load(lens_ptr + b) - NEXT_N + j + 1, 0)
+    row_max = tl.max(limit, axis=0)
+    out_rows = out_ptr + (b * NEXT_N + j).to(tl.int64)[:, None] * width + t[None, :]
+    in_width = (t < width)[None, :]
+    if t0 < row_max:
+        live_t = t < row_max
+        page = tl.load(table_ptr + b * max_blocks + t // block_size, mask=live_t, other=0).to(tl.int64)
+        page_base = cache_ptr + page * (block_size * 132)
+        d = tl.arange(0, 128)
+        keys = tl.load((page_base + (t % block_size) * 128)[:, None] + d[None, :], mask=live_t[:, None], other=0)
+        keys = keys.to(tl.float8e4nv, bitcast=True)
+        scale = tl.load((page_base + block_size * 128 + (t % block_size) * 4).to(tl.pointer_type(tl.float32)),
+                        mask=live_t, other=0.0)
+        r = tl.arange(0, NEXT_N * H_PAD)
+        jj = r // H_PAD
+        hh = r % H_PAD
+        live_r = hh < H
+        q = tl.load(q_ptr + ((b * NEXT_N + jj) * H + hh).to(tl.int64)[:, None] * 128 + d[None, :],
+                    mask=live_r[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(keys)) * scale[None, :]
+        w = tl.load(w_ptr + (b * NEXT_N + jj) * H + hh, mask=live_r, other=0.0)
+        weighted = tl.reshape(tl.maximum(s, 0.0) * w[:, None], (NEXT_N, H_PAD, BLOCK_T))
+        logits = tl.sum(weighted, axis=1)
+        valid = t[None, :] < limit[:, None]
+        if CLEAN:
+            tl.store(out_rows, tl.where(valid, logits, float("-inf")), mask=in_width)
+        else:
+            tl.store(out_rows, logits, mask=in_width & valid)
+    elif CLEAN:
+        tl.store(out_rows, tl.full((NEXT_N, BLOCK_T), float("-inf"), tl.float32), mask=in_width)
+
+
+def paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, max_context_len, *, clean=False,
+                     out=None):
+    B, next_n, H, _ = q.shape
+    out = torch.empty(B * next_n, max_context_len, dtype=torch.float32, device=q.device) if out is None else out
+    if B == 0 or max_context_len == 0:
+        return out
+    tune = tuning(platform(q.device))
+    BLOCK_T = tune.logits_block_t
+    h_pad = max(16, triton.next_power_of_2(H))
+    grid = (B, triton.cdiv(max_context_len, BLOCK_T))
+    _paged_mqa_logits_kernel[grid](
+        q, kv_cache, weights, context_lens, block_table, out, H, block_table.shape[1], kv_cache.shape[1],
+        max_context_len, LENS_2D=context_lens.dim() == 2, CLEAN=clean, NEXT_N=next_n, H_PAD=h_pad,
+        BLOCK_T=BLOCK_T, num_warps=tune.logits_warps,
+    )
+    return out
