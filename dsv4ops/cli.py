@@ -102,6 +102,11 @@ def main(argv=None) -> int:
     check.add_argument("--json", help="write every result to this JSON file")
     check.add_argument("--include-reference", action="store_true", help="also check the reference against itself")
     check.set_defaults(fn=cmd_check)
+    bench = sub.add_parser("bench", help="time every available backend on the anchor shapes")
+    bench.add_argument("--ops", help="comma-separated ops (default: all)")
+    bench.add_argument("--backends", help="comma-separated backends")
+    bench.add_argument("--json", help="write the timings to this JSON file")
+    bench.set_defaults(fn=lambda a: __import__("dsv4ops.bench", fromlist=["main"]).main(a))
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -1,9 +1,34 @@
 """DeepGEMM (``deep_gemm``): paged MQA logits and block-scaled FP8 einsum on SM90 / SM100."""
-from dsv4ops.backend_support import import_probe
+from dsv4ops.backend_support import all_of, arch_in, import_probe
+from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
 
 BACKEND = register_backend(Backend(
     "deepgemm", ("cuda",),
     probe=import_probe("deep_gemm", '"dsv4ops[deepgemm]" (tokenspeed-deepgemm)', needs=("get_paged_mqa_logits_metadata",)),
-    description="DeepGEMM paged MQA logits and fp8 einsum (SM90/SM100)",
+    description="DeepGEMM paged MQA logits and fp8 einsum (SM90; SM100 recipes not adapted yet)",
 ))
+
+
+def logits_shapes(plat: Platform, call) -> str | None:
+    _, next_n, H, _ = call.q.shape
+    if H != 64:
+        return f"H={H}: the kernels are built for 64 indexer heads"
+    if next_n not in (1, 2):
+        return f"next_n={next_n} unsupported on SM90 (1 or 2)"
+    if call.kv_cache.shape[1] != 64:
+        return f"key-cache block size {call.kv_cache.shape[1]} != 64"
+    return None
+
+
+def einsum_bf16_out(plat: Platform, call) -> str | None:
+    if str(call.out_dtype) != "torch.bfloat16":
+        return f"out_dtype {call.out_dtype} (DeepGEMM writes bf16)"
+    return None
+
+
+_SM90_ONLY = arch_in("sm90")   # SM100 needs bf16 weights / MX scales and packed UE8M0: not adapted yet
+BACKEND.implements("paged_mqa_logits", "dsv4ops.backends.deepgemm.ops:paged_mqa_logits", priority=100,
+                   supports=all_of(_SM90_ONLY, logits_shapes))
+BACKEND.implements("fp8_einsum", "dsv4ops.backends.deepgemm.ops:fp8_einsum", priority=100,
+                   supports=all_of(_SM90_ONLY, einsum_bf16_out))

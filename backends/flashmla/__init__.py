@@ -1,5 +1,10 @@
 """FlashMLA (``flash_mla``): sparse MODEL1 decode on SM90 / SM100."""
-from dsv4ops.backend_support import import_probe
+import functools
+
+import torch
+
+from dsv4ops.backend_support import all_of, arch_in, import_probe, layout_in
+from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
 
 BACKEND = register_backend(Backend(
@@ -7,3 +12,43 @@ BACKEND = register_backend(Backend(
     probe=import_probe("flash_mla", '"dsv4ops[flashmla]" (tokenspeed-flashmla)', needs=("flash_mla_with_kvcache",)),
     description="FlashMLA sparse decode (SM90/SM100, fp8_ds_mla cache)",
 ))
+
+
+def topk_multiple(plat: Platform, call) -> str | None:
+    """FlashMLA walks the index lists in tiles of 64 (128 for h_q = 128 on SM100)."""
+    tile = 128 if plat.arch.startswith("sm10") and call.q.shape[1] > 64 else 64
+    for name in ("indices", "extra_indices"):
+        idx = call.kwargs.get(name)
+        if idx is not None and idx.shape[1] % tile:
+            return f"{name} width {idx.shape[1]} is not a multiple of {tile}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _runs_on(device_index: int) -> str | None:
+    """Run one tiny sparse decode: some builds (sgl-flash-mla 1.0.0) load on SM90 but raise there."""
+    from .decode import sparse_mla_decode
+    from dsv4ops import formats
+
+    dev = torch.device("cuda", device_index)
+    try:
+        cache = formats.allocate_kv_cache(1, 64, "fp8_ds_mla", dev)
+        idx = torch.arange(64, dtype=torch.int32, device=dev).view(1, 64)
+        sparse_mla_decode(torch.zeros(1, 64, 512, dtype=torch.bfloat16, device=dev), cache, idx,
+                          layout="fp8_ds_mla", block_size=64, softmax_scale=1.0)
+        torch.cuda.synchronize(dev)
+    except Exception as exc:
+        return f"the installed flash_mla cannot decode on this GPU ({type(exc).__name__}: {str(exc)[:120]})"
+    return None
+
+
+def build_runs_here(plat: Platform, call) -> str | None:
+    if plat.simulated or call.device.type != "cuda":
+        return None
+    return _runs_on(call.device.index if call.device.index is not None else torch.cuda.current_device())
+
+
+BACKEND.implements(
+    "sparse_mla_decode", "dsv4ops.backends.flashmla.decode:sparse_mla_decode", priority=100,
+    supports=all_of(arch_in("sm90", "sm100", "sm103"), layout_in("fp8_ds_mla"), topk_multiple, build_runs_here),
+)

@@ -1,0 +1,55 @@
+"""dsv4ops sparse_mla_decode -> flash_mla.flash_mla_with_kvcache (MODEL1 sparse decode).
+
+The adapter pads heads to 64/128 (no copy when H already is), views the fp8_ds_mla cache as the
+``[num_blocks, block_size, 1, 584]`` tensor FlashMLA expects (page stride kept), adds the s_q = 1
+axis, and builds a fresh scheduler object per call (FlashMLA may reuse one only while shapes and
+length tensors are unchanged)."""
+from __future__ import annotations
+
+import torch
+
+from dsv4ops import formats
+
+
+def padded_heads(H: int) -> int:
+    return 64 if H <= 64 else 128
+
+
+def cache_view(cache: torch.Tensor, block_size: int) -> torch.Tensor:
+    """uint8 [num_blocks, page_bytes] -> [num_blocks, block_size, 1, 584] over the same bytes."""
+    return cache[:, : block_size * formats.DS_MLA_TOKEN_BYTES].view(cache.shape[0], block_size, 1,
+                                                                     formats.DS_MLA_TOKEN_BYTES)
+
+
+def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_size, softmax_scale,
+                      attn_sink=None, extra_kv_cache=None, extra_indices=None, extra_topk_lens=None,
+                      extra_block_size=None, kv_scale=1.0, q_scale=1.0, out=None):
+    import flash_mla
+
+    T, H, _ = q.shape
+    if T == 0:
+        out = torch.empty(0, H, 512, dtype=torch.bfloat16, device=q.device) if out is None else out
+        return out, torch.empty(0, H, dtype=torch.float32, device=q.device)
+    Hp = padded_heads(H)
+    q_p, sink_p = q, attn_sink
+    if Hp != H:
+        q_p = torch.zeros(T, Hp, 512, dtype=q.dtype, device=q.device)
+        q_p[:, :H] = q
+        if attn_sink is not None:
+            sink_p = torch.full((Hp,), float("-inf"), dtype=torch.float32, device=q.device)
+            sink_p[:H] = attn_sink
+    extra = {}
+    if extra_kv_cache is not None:
+        extra = dict(extra_k_cache=cache_view(extra_kv_cache, extra_block_size),
+                     extra_indices_in_kvcache=extra_indices.unsqueeze(1), extra_topk_length=extra_topk_lens)
+    sched, _ = flash_mla.get_mla_metadata()
+    o, lse = flash_mla.flash_mla_with_kvcache(
+        q_p.unsqueeze(1), cache_view(kv_cache, block_size), None, None, head_dim_v=512,
+        tile_scheduler_metadata=sched, num_splits=None, softmax_scale=softmax_scale, causal=False,
+        is_fp8_kvcache=True, indices=indices.unsqueeze(1), attn_sink=sink_p, topk_length=topk_lens, **extra)
+    o = o[:, 0, :H]
+    lse = lse[:, :H, 0].contiguous()
+    if out is None:
+        return o.contiguous() if Hp != H else o, lse
+    out.copy_(o)
+    return out, lse
