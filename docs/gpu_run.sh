@@ -11,3 +11,5 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/dev
 python3 -m dsv4ops.cli info 2>&1 | tee "$out/info.txt"
 python3 -m dsv4ops.cli check --tier full --backends triton,flashmla,deepgemm --json "$out/conformance_full.json" 2>&1 | tee "$out/conformance_full.txt"
 python3 -m dsv4ops.cli bench --json "$out/bench.json" 2>&1 | tee "$out/bench.txt"
+python3 -m pytest -q -p no:cacheprovider "$OLDPWD/tests/test_large_addressing.py" 2>&1 | tail -15 | tee "$out/large_addressing.txt"
+[ "${SWEEP:-0}" = 1 ] && bash "$OLDPWD/docs/perf/sweep_decode.sh" "$out/sweep_decode.txt"

@@ -24,24 +24,33 @@ LN2 = math.log(2.0)
 
 
 @triton.jit
-def _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT: tl.constexpr, FNUZ: tl.constexpr):
-    """Rows ``[BLOCK_K, 512]`` as bf16 (fp8 values unscaled for LAYOUT_FP8); invalid rows are 0."""
-    col = tl.arange(0, 512)[None, :]
+def _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT: tl.constexpr, FNUZ: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """Rows ``[BLOCK_K, 512]`` as bf16 (fp8 values unscaled for LAYOUT_FP8); invalid rows are 0.
+
+    MODEL1 rows are read as 8 tiles of 64: tiles 0-6 are fp8 scaled by their UE8M0 byte (one load
+    per tile), tile 7 is the bf16 RoPE part; the dequantized values are exact in bf16.
+    """
     ok = valid[:, None]
     if LAYOUT == 0:
         block = (slots // block_size).to(tl.int64)
         off = (slots % block_size).to(tl.int64)
         page = cache_ptr + block * page_bytes
-        data = (page + off * 576)[:, None]
-        nope = col < 448
-        raw = tl.load(data + col, mask=ok & nope, other=0)
+        tile = tl.arange(0, 8)
+        col = tl.arange(0, 64)
+        data = (page + off * 576)[:, None, None] + tile[None, :, None] * 64 + col[None, None, :]
+        nope = (tile < 7)[None, :, None]
+        raw = tl.load(data, mask=ok[:, :, None] & nope, other=0)
         fp8: tl.constexpr = tl.float8e4b8 if FNUZ else tl.float8e4nv
-        scale_byte = tl.load((page + block_size * 576 + off * 8)[:, None] + col // 64, mask=ok & nope, other=127)
-        values = raw.to(fp8, bitcast=True).to(tl.float32) * ue8m0_decode(scale_byte)
-        rope_ptr = (data + 448).to(tl.pointer_type(tl.bfloat16))
-        rope = tl.load(rope_ptr + (col - 448), mask=ok & (col >= 448), other=0.0).to(tl.float32)
-        return tl.where(nope, values, rope).to(tl.bfloat16)
+        scale_byte = tl.load((page + block_size * 576 + off * 8)[:, None] + tile[None, :],
+                             mask=ok & (tile < 7)[None, :], other=127)
+        values = raw.to(fp8, bitcast=True).to(tl.float32) * ue8m0_decode(scale_byte)[:, :, None]
+        rope_ptr = (page + off * 576 + 448).to(tl.pointer_type(tl.bfloat16))
+        rope = tl.load(rope_ptr[:, None] + col[None, :], mask=ok, other=0.0).to(tl.float32)
+        rows = tl.where(nope, values, rope[:, None, :])
+        return tl.reshape(rows, (BLOCK_K, 512)).to(tl.bfloat16)
     else:
+        col = tl.arange(0, 512)[None, :]
         row = cache_ptr + slots.to(tl.int64)[:, None] * 512
         return tl.load(row + col, mask=ok, other=0.0).to(tl.bfloat16)
 
@@ -53,7 +62,7 @@ def _attend_block(q, m, l, acc, t, idx_ptr, length, topk, cache_ptr, block_size,
     j = b * BLOCK_K + tl.arange(0, BLOCK_K)
     slots = tl.load(idx_ptr + t * topk + j, mask=j < topk, other=-1)
     valid = (slots != -1) & (j < length)
-    k = _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT, FNUZ)
+    k = _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT, FNUZ, BLOCK_K)
     s = tl.dot(q, tl.trans(k)) * qk_scale
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))

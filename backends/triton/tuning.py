@@ -5,6 +5,9 @@ defaults until someone with the hardware tunes them.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +41,25 @@ _TABLE = {
 
 
 def tuning(plat: Platform) -> Tuning:
-    return _TABLE.get(plat.key) or _TABLE.get((plat.vendor, None)) or Tuning()
+    """The platform's tunables, with ``DSV4OPS_TRITON_TUNING="decode_block_h=64,..."`` applied on top
+    (for sweeps and for users tuning a new target)."""
+    base = _TABLE.get(plat.key) or _TABLE.get((plat.vendor, None)) or Tuning()
+    return _override(base, os.environ.get("DSV4OPS_TRITON_TUNING", ""))
+
+
+@functools.lru_cache(maxsize=32)
+def _override(base: Tuning, spec: str) -> Tuning:
+    if not spec:
+        return base
+    fields = {f.name for f in dataclasses.fields(Tuning)}
+    changes = {}
+    for item in spec.split(","):
+        name, _, value = item.partition("=")
+        if name.strip() not in fields or not value.strip().isdigit():
+            from dsv4ops.errors import ConfigError
+            raise ConfigError(f"DSV4OPS_TRITON_TUNING: bad entry {item!r}; fields are {sorted(fields)}")
+        changes[name.strip()] = int(value)
+    return dataclasses.replace(base, **changes)
 
 
 def multiprocessors(device: torch.device) -> int:
