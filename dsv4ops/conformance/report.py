@@ -27,6 +27,8 @@ def _text(cell: dict) -> str:
         return f"FAIL {cell['failed']}/{cell['passed'] + cell['failed']}"
     if cell["passed"]:
         return f"pass {cell['passed']}" + (f" (+{cell['skipped']} declined)" if cell["skipped"] else "")
+    if "not registered" in cell["reason"]:
+        return "-"
     return "declined: " + cell["reason"][:60]
 
 
@@ -40,7 +42,8 @@ def render(data: dict) -> str:
     lines = [f"# Conformance on {meta['device']}", "",
              f"- date: {meta['date']}", f"- platform: {meta['platform']}", f"- tier: {meta['tier']}, seed {meta['seed']}",
              f"- libraries: {libs}", f"- command: `{meta['command']}`", "",
-             "Cells count cases; 'declined' means the capability check refused the inputs (reason shown).", "",
+             "Cells count cases; 'declined' means the capability check refused the inputs (reason shown); "
+             "'-' means the backend does not implement the op.", "",
              "```", render_table(("backend", *ops), rows), "```"]
     failures = [r for r in results if r["status"] in ("fail", "error")]
     if failures:
