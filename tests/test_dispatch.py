@@ -20,7 +20,7 @@ def topk_args():
 @pytest.fixture
 def fakes():
     """Two fake backends serving indexer_topk on the CPU: 'fast' (priority 90, declines k > 16) and
-    'slow' (priority 10). Each records its calls and computes with the reference."""
+    'slow' (priority 60). Each records its calls and computes with the reference."""
     calls = []
 
     def make(name):
@@ -33,7 +33,7 @@ def fakes():
     fast.implements("indexer_topk", make("fast"), priority=90,
                     supports=lambda plat, call: None if call.k <= 16 else f"k={call.k} > 16")
     slow = register_backend(Backend("slow", ("cpu",)))
-    slow.implements("indexer_topk", make("slow"), priority=10)
+    slow.implements("indexer_topk", make("slow"), priority=60)   # above the in-tree backends
     yield calls
     unregister_backend("fast")
     unregister_backend("slow")
@@ -153,7 +153,7 @@ def test_decisions_are_cached_and_thread_safe(fakes):
 
 def test_dispatch_by_name_and_unknown_op():
     kw = topk_args()
-    assert torch.equal(dsv4ops.dispatch("indexer_topk", **kw), dsv4ops.reference.indexer_topk(**kw))
+    assert torch.equal(dsv4ops.dispatch("indexer_topk", **kw, backend="reference"), dsv4ops.reference.indexer_topk(**kw))
     with pytest.raises(dsv4ops.InputError, match="unknown op"):
         dsv4ops.dispatch("nope")
 
