@@ -24,7 +24,7 @@ def gather_selected(cache, layout, block_size, indices, lens, kv_scale):
 
 def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_size, softmax_scale,
                       attn_sink=None, extra_kv_cache=None, extra_indices=None, extra_topk_lens=None,
-                      extra_block_size=None, kv_scale=1.0, q_scale=1.0, out=None):
+                      extra_block_size=None, kv_scale=1.0, q_scale=1.0, out=None, need_lse=True):
     keys, valid = gather_selected(kv_cache, layout, block_size, indices, topk_lens, kv_scale)
     if extra_kv_cache is not None:
         extra_keys, extra_valid = gather_selected(extra_kv_cache, layout, extra_block_size, extra_indices,
@@ -47,4 +47,4 @@ def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_siz
     result = o.to(torch.bfloat16)
     if out is not None:
         result = out.copy_(result)
-    return result, lse
+    return result, lse if need_lse else None

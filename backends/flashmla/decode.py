@@ -23,13 +23,13 @@ def cache_view(cache: torch.Tensor, block_size: int) -> torch.Tensor:
 
 def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_size, softmax_scale,
                       attn_sink=None, extra_kv_cache=None, extra_indices=None, extra_topk_lens=None,
-                      extra_block_size=None, kv_scale=1.0, q_scale=1.0, out=None):
+                      extra_block_size=None, kv_scale=1.0, q_scale=1.0, out=None, need_lse=True):
     import flash_mla
 
     T, H, _ = q.shape
     if T == 0:
         out = torch.empty(0, H, 512, dtype=torch.bfloat16, device=q.device) if out is None else out
-        return out, torch.empty(0, H, dtype=torch.float32, device=q.device)
+        return out, torch.empty(0, H, dtype=torch.float32, device=q.device) if need_lse else None
     Hp = padded_heads(H)
     q_p, sink_p = q, attn_sink
     if Hp != H:
@@ -48,7 +48,7 @@ def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_siz
         tile_scheduler_metadata=sched, num_splits=None, softmax_scale=softmax_scale, causal=False,
         is_fp8_kvcache=True, indices=indices.unsqueeze(1), attn_sink=sink_p, topk_length=topk_lens, **extra)
     o = o[:, 0, :H]
-    lse = lse[:, :H, 0].contiguous()
+    lse = lse[:, :H, 0].contiguous() if need_lse else None
     if out is None:
         return o.contiguous() if Hp != H else o, lse
     out.copy_(o)

@@ -181,12 +181,12 @@ def choose_splits(T: int, head_blocks: int, index_blocks: int, device: torch.dev
 
 def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_size, softmax_scale,
                       attn_sink=None, extra_kv_cache=None, extra_indices=None, extra_topk_lens=None,
-                      extra_block_size=None, kv_scale=1.0, q_scale=1.0, out=None):
+                      extra_block_size=None, kv_scale=1.0, q_scale=1.0, out=None, need_lse=True):
     T, H, _ = q.shape
     out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=q.device) if out is None else out
     lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
     if T == 0:
-        return out, lse
+        return out, lse if need_lse else None
     tune = tuning(platform(q.device))
     BLOCK_H, BLOCK_K = tune.decode_block_h, tune.decode_block_k
     kind = LAYOUT_DS_MLA if formats.is_ds_mla(layout) else LAYOUT_BF16 if layout == "bf16" else LAYOUT_FP8
@@ -222,4 +222,4 @@ def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_siz
             part_o, part_lse, attn_sink if attn_sink is not None else lse, out, lse, H, splits,
             HAS_SINK=attn_sink is not None, BLOCK_H=BLOCK_H, num_warps=tune.decode_warps,
         )
-    return out, lse
+    return out, lse if need_lse else None

@@ -79,6 +79,9 @@ def _decode(tier):
                         extra_block_size=16, corner=corner)
         yield _case(op, tier, T=2, H=16, topk=64, layout="fp8_ds_mla", sink="inf", lens="full", out=True)
         yield _case(op, tier, T=2, H=3, topk=32, layout="fp8_ds_mla", sink=None, lens=None)
+        for layout in ("bf16", "fp8_per_tensor"):     # the SM100 TRTLLM-gen shape: 128 SWA + extra, no lse
+            yield _case(op, tier, T=3, H=8, topk=WINDOW, layout=layout, extra_topk=64, extra_block_size=C128_BLOCK,
+                        need_lse=False)
         return
     for model, heads in HEADS_PER_RANK.items():
         for H, T in itertools.product(heads, (8, 128)):
@@ -88,8 +91,9 @@ def _decode(tier):
                     extra_topk=128, extra_block_size=C128_BLOCK)           # C128 layer
         yield _case(op, tier, T=32, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK)  # SWA only
     for layout in ("bf16", "fp8_per_tensor"):
-        yield _case(op, tier, T=64, H=64, topk=WINDOW, layout=layout, block_size=SWA_BLOCK, extra_topk=512,
-                    extra_block_size=C4_BLOCK)
+        for need_lse in (True, False):
+            yield _case(op, tier, T=64, H=64, topk=WINDOW, layout=layout, block_size=SWA_BLOCK, extra_topk=512,
+                        extra_block_size=C4_BLOCK, need_lse=need_lse)
     for corner in ("all_invalid", "pad_middle", "duplicates", "zero_len"):
         yield _case(op, tier, T=16, H=64, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=512,
                     extra_block_size=C4_BLOCK, corner=corner)

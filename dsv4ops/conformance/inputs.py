@@ -107,7 +107,7 @@ def _filled_cache(gen, layout, block_size, num_slots, selected, kv_scale):
 
 
 def sparse_mla_decode(device, gen, *, T, H, topk, layout, block_size=64, extra_topk=0, extra_block_size=64,
-                      sink="random", lens="random", corner=None, out=False):
+                      sink="random", lens="random", corner=None, out=False, need_lse=True):
     per_tensor = layout == "fp8_per_tensor"
     kv_scale = 0.25 if per_tensor else 1.0
     num_slots = max(2 * topk, 4 * block_size)
@@ -132,6 +132,8 @@ def sparse_mla_decode(device, gen, *, T, H, topk, layout, block_size=64, extra_t
         kwargs["attn_sink"] = torch.where(torch.arange(H) % 2 == 0, float("inf"), float("-inf"))
     if out:
         kwargs["out"] = torch.empty(T, H, 512, dtype=torch.bfloat16)
+    if not need_lse:
+        kwargs["need_lse"] = False
     return _to(kwargs, device)
 
 

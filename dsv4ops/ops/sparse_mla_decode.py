@@ -13,7 +13,7 @@ NAME = "sparse_mla_decode"
 
 def validate(q, kv_cache, indices, topk_lens=None, *, layout, block_size, softmax_scale, attn_sink=None,
              extra_kv_cache=None, extra_indices=None, extra_topk_lens=None, extra_block_size=None,
-             kv_scale=1.0, q_scale=1.0, out=None) -> OpCall:
+             kv_scale=1.0, q_scale=1.0, out=None, need_lse=True) -> OpCall:
     c = Checker(NAME)
     c.choice("layout", layout, formats.LAYOUTS)
     q_dtype = torch.float8_e4m3fn if layout == "fp8_per_tensor" else torch.bfloat16
@@ -40,10 +40,13 @@ def validate(q, kv_cache, indices, topk_lens=None, *, layout, block_size, softma
     c.float_arg("kv_scale", kv_scale, positive=True, tensor_ok=True)
     c.float_arg("q_scale", q_scale, positive=True, tensor_ok=True)
     c.out_buffer(out, dtype=torch.bfloat16, shape=(T, H, formats.HEAD_DIM))
+    if not isinstance(need_lse, bool):
+        c.fail("need_lse", f"must be a bool, got {need_lse!r}")
     kwargs = dict(q=q, kv_cache=kv_cache, indices=indices, topk_lens=topk_lens, layout=layout,
                   block_size=block_size, softmax_scale=softmax_scale, attn_sink=attn_sink,
                   extra_kv_cache=extra_kv_cache, extra_indices=extra_indices, extra_topk_lens=extra_topk_lens,
-                  extra_block_size=extra_block_size, kv_scale=kv_scale, q_scale=q_scale, out=out)
+                  extra_block_size=extra_block_size, kv_scale=kv_scale, q_scale=q_scale, out=out,
+                  need_lse=need_lse)
     return OpCall(NAME, kwargs, q.device, signature_of(kwargs))
 
 
@@ -56,12 +59,15 @@ def _check_index_list(c: Checker, name: str, lens_name: str, indices, lens, T: i
 
 def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_size, softmax_scale,
                       attn_sink=None, extra_kv_cache=None, extra_indices=None, extra_topk_lens=None,
-                      extra_block_size=None, kv_scale=1.0, q_scale=1.0, out=None, backend=None):
+                      extra_block_size=None, kv_scale=1.0, q_scale=1.0, out=None, need_lse=True, backend=None):
     """Sparse MQA decode. q [T, H, 512] (bf16; fp8 for "fp8_per_tensor"), H <= 128; indices int32
     [T, topk] (block * block_size + offset, -1 invalid); topk_lens int32 [T]; attn_sink fp32 [H].
-    Returns out bf16 [T, H, 512] and lse fp32 [T, H] (natural log, sink excluded, +inf if lonely)."""
+    Returns out bf16 [T, H, 512] and lse fp32 [T, H] (natural log, sink excluded, +inf if lonely);
+    with ``need_lse=False`` the second element is None, which admits backends whose kernel does not
+    produce the log-sum-exp (FlashInfer's TRTLLM-gen DSV4 decode)."""
     call = validate(q, kv_cache, indices, topk_lens, layout=layout, block_size=block_size,
                     softmax_scale=softmax_scale, attn_sink=attn_sink, extra_kv_cache=extra_kv_cache,
                     extra_indices=extra_indices, extra_topk_lens=extra_topk_lens,
-                    extra_block_size=extra_block_size, kv_scale=kv_scale, q_scale=q_scale, out=out)
+                    extra_block_size=extra_block_size, kv_scale=kv_scale, q_scale=q_scale, out=out,
+                    need_lse=need_lse)
     return run(call, backend)
