@@ -67,10 +67,10 @@ def layout_in(*layouts: str) -> Callable:
     return check
 
 
-def device_is_accelerator(plat: Platform, call) -> str | None:
-    if call.device.type == "cpu" and not plat.simulated:
-        return "inputs are on the CPU"
-    return None
+def sm_major(arch: str) -> int:
+    """'sm90' -> 9, 'sm100' -> 10, 'sm121' -> 12; 0 for non-CUDA arch tags."""
+    digits = arch[2:] if arch.startswith("sm") else ""
+    return int(digits[:-1]) if digits.isdigit() and len(digits) >= 2 else 0
 
 
 def triton_interpreter_enabled() -> bool:
