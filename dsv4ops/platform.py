@@ -137,3 +137,13 @@ def _current_index(device_type: str) -> int:
     if device_type == "xpu":
         return torch.xpu.current_device()
     return 0
+
+
+def multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors (compute units) a kernel grid should fill; 4 on the CPU (interpreter)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    if device.type == "xpu":
+        return torch.xpu.get_device_properties(device).gpu_subslice_count
+    return 4

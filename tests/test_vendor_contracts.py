@@ -74,3 +74,37 @@ def test_flashmla_sm100_topk_tiles():
         assert "multiple of 128" in topk_multiple(dsv4ops.platform(), call)
     with dsv4ops.simulate_platform("cuda", "sm90"):
         assert topk_multiple(dsv4ops.platform(), call) is None
+
+
+@pytest.mark.parametrize("generation", ["new", "old"])
+def test_deepgemm_contract(monkeypatch, generation):
+    from .fakes import deep_gemm as fake_deep_gemm
+    fake_deep_gemm.install(monkeypatch, generation)
+    backend = registry.get_backend("deepgemm")
+    monkeypatch.setattr(backend, "_probed", None)
+    try:
+        ran, _ = _run_all("paged_mqa_logits", "deepgemm", "sm90")
+        full = [Case("paged_mqa_logits", tuple(sorted(dict(B=3, next_n=n, context=200, H=64, block_size=64,
+                                                             lens_dim=d, clean=cl).items())))
+                for n in (1, 2) for d in (1, 2) for cl in (False, True)]
+        with dsv4ops.simulate_platform("cuda", "sm90"):
+            results = [run_case(c, "deepgemm", "cpu", seed=5) for c in full]
+        assert all(r.status == "pass" for r in results), [r.message for r in results]
+        ran, _ = _run_all("fp8_einsum", "deepgemm", "sm90")
+        assert ran
+    finally:
+        backend._probed = None
+
+
+def test_deepgemm_declines_sm100_until_adapted(monkeypatch):
+    from .fakes import deep_gemm as fake_deep_gemm
+    fake_deep_gemm.install(monkeypatch)
+    backend = registry.get_backend("deepgemm")
+    monkeypatch.setattr(backend, "_probed", None)
+    kw = Case("fp8_einsum", tuple(sorted(dict(B=2, H=2, D=128, R=512).items()))).build("cpu", 0)
+    try:
+        with dsv4ops.simulate_platform("cuda", "sm100"):
+            status = {c.backend: c.status for c in dsv4ops.explain("fp8_einsum", **kw).candidates}
+        assert "arch sm100 not supported (needs sm90)" == status["deepgemm"]
+    finally:
+        backend._probed = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from dsv4ops.ops._rows import decode_row_ends
+from dsv4ops.platform import multiprocessors
 
 
 def paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, max_context_len, *, clean=False,
@@ -18,8 +19,7 @@ def paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, max_contex
         result = torch.empty(rows, max_context_len, device=q.device)
         return result if out is None else out
     ctx = limits.view(B, next_n).to(torch.int32)
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    meta = deep_gemm.get_paged_mqa_logits_metadata(ctx, kv_cache.shape[1], sms)
+    meta = deep_gemm.get_paged_mqa_logits_metadata(ctx, kv_cache.shape[1], multiprocessors(q.device))
     if hasattr(deep_gemm, "fp8_fp4_paged_mqa_logits"):
         logits = deep_gemm.fp8_fp4_paged_mqa_logits((q, None), kv_cache, weights, ctx, block_table, meta,
                                                     max_context_len)

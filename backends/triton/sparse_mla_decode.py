@@ -14,10 +14,10 @@ import triton
 import triton.language as tl
 
 from dsv4ops import formats
-from dsv4ops.platform import platform
+from dsv4ops.platform import multiprocessors, platform
 
 from .common import load_scalar, scalar_arg, ue8m0_decode
-from .tuning import multiprocessors, tuning
+from .tuning import tuning
 
 LAYOUT_DS_MLA, LAYOUT_BF16, LAYOUT_FP8 = 0, 1, 2
 LN2 = math.log(2.0)

@@ -62,12 +62,3 @@ def _override(base: Tuning, spec: str) -> Tuning:
             raise ConfigError(f"DSV4OPS_TRITON_TUNING: bad entry {item!r}; fields are {sorted(fields)}")
         changes[name.strip()] = int(value)
     return dataclasses.replace(base, **changes)
-
-
-def multiprocessors(device: torch.device) -> int:
-    """Streaming multiprocessors (or compute units) to fill; a small number under the interpreter."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    if device.type == "xpu":
-        return torch.xpu.get_device_properties(device).gpu_subslice_count
-    return 4
