@@ -10,5 +10,5 @@ def fp8_einsum(equation, a, a_scale, b, b_scale, *, out=None, out_dtype=torch.bf
     a_deq = a.to(torch.float64) * a_scale.to(torch.float64).repeat_interleave(BLOCK, dim=-1)
     b_scales = b_scale.to(torch.float64).repeat_interleave(BLOCK, dim=1).repeat_interleave(BLOCK, dim=2)
     b_deq = b.to(torch.float64) * b_scales
-    result = torch.einsum("bhr,hdr->bhd", a_deq, b_deq).to(out_dtype)
+    result = torch.einsum("bhr,hdr->bhd", a_deq, b_deq).to(out_dtype).contiguous()
     return result if out is None else out.copy_(result)

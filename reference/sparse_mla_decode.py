@@ -44,7 +44,7 @@ def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_siz
         o = o * torch.sigmoid(lse - attn_sink.to(torch.float32)[None, :])[..., None]
     o = torch.where(lonely[..., None], 0.0, o)
     lse = torch.where(lonely, float("inf"), lse)
-    result = o.to(torch.bfloat16)
+    result = o.to(torch.bfloat16).contiguous()
     if out is not None:
         result = out.copy_(result)
     return result, lse if need_lse else None

@@ -67,6 +67,8 @@ def run_case(case: Case, backend: str, device, seed: int = 0) -> Result:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         verdict: Verdict = RULES[case.op](case, ref_kwargs, ref_result, got_kwargs, got_result)
+        if verdict.ok:
+            verdict = _check_contiguous(got_result, verdict)
         if verdict.ok and got_kwargs.get("out") is not None:
             verdict = _check_out_returned(case.op, got_kwargs["out"], got_result, verdict)
     except Exception as exc:
@@ -75,6 +77,15 @@ def run_case(case: Case, backend: str, device, seed: int = 0) -> Result:
                       seconds=time.perf_counter() - start, seed=seed)
     return Result(case, backend, "pass" if verdict.ok else "fail", verdict.worst, verdict.message,
                   time.perf_counter() - start, seed)
+
+
+def _check_contiguous(result, verdict: Verdict) -> Verdict:
+    """Every returned tensor is contiguous (engines and torch.ops fake implementations rely on it)."""
+    tensors = result if isinstance(result, tuple) else (result,)
+    if any(t is not None and not t.is_contiguous() for t in tensors):
+        return Verdict(False, verdict.worst, f"returned a non-contiguous tensor (strides "
+                       f"{[t.stride() for t in tensors if t is not None]})")
+    return verdict
 
 
 def _check_out_returned(op: str, out: torch.Tensor, result, verdict: Verdict) -> Verdict:
