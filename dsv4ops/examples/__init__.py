@@ -1,0 +1,1 @@
+"""Worked examples built only from dsv4ops calls (``python -m dsv4ops.examples.decode_step``)."""
