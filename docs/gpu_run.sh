@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# One device call: install the carried wheels, run the full conformance tier and the anchor benchmark.
-# .whl/ holds the vendor wheels (../shared/gpu/fetch-wheels.sh) and a dsv4ops wheel built from this
-# checkout (pip wheel . --no-deps -w .whl). Usage from the repo root: bash docs/gpu_run.sh OUTDIR
+# One device call: install the carried wheels, then the full conformance tier, the anchor benchmark,
+# the GPU-only tests (int64 addressing, CUDA graphs, example pipeline) and the example step timing.
+# .whl/ holds the vendor wheels (../shared/gpu/fetch-wheels.sh), pytest and its deps, and a dsv4ops
+# wheel built from this checkout (pip wheel . --no-deps -w .whl). From the repo root:
+#   bash docs/gpu_run.sh OUTDIR          (SWEEP=1 also sweeps the Triton decode tunables)
 set -uo pipefail
-out=${1:-/tmp/out}; mkdir -p "$out"
+out=${1:-/tmp/out}; mkdir -p "$out"; repo=$PWD
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 cd /tmp   # import the installed wheel (with its entry points), not the checkout
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/device.txt"
-python3 -m dsv4ops.cli info 2>&1 | tee "$out/info.txt"
-python3 -m dsv4ops.cli check --tier full --backends triton,flashmla,deepgemm --json "$out/conformance_full.json" 2>&1 | tee "$out/conformance_full.txt"
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -m dsv4ops.cli info; } 2>&1 | tee "$out/info.txt"
+python3 -m dsv4ops.cli check --tier full --backends triton,flashmla,deepgemm --json "$out/conformance_full.json" 2>&1 \
+  | tee "$out/conformance_full.txt"
 python3 -m dsv4ops.cli bench --json "$out/bench.json" 2>&1 | tee "$out/bench.txt"
-python3 -m pytest -q -p no:cacheprovider "$OLDPWD/tests/test_large_addressing.py" 2>&1 | tail -15 | tee "$out/large_addressing.txt"
-[ "${SWEEP:-0}" = 1 ] && bash "$OLDPWD/docs/perf/sweep_decode.sh" "$out/sweep_decode.txt"
+python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_large_addressing.py" "$repo/tests/test_cuda_graphs.py" \
+  "$repo/tests/test_example.py" "$repo/tests/test_torch_ops.py" 2>&1 | tail -25 | tee "$out/pytest_gpu.txt"
+python3 -m dsv4ops.examples.decode_step --device cuda --tokens 64 --heads 64 --context 4096 --time --settings \
+  auto triton reference "sparse_mla_decode=flashmla,paged_mqa_logits=deepgemm,fp8_einsum=deepgemm,*=triton" 2>&1 \
+  | tee "$out/example.txt"
+[ "${SWEEP:-0}" = 1 ] && bash "$repo/docs/perf/sweep_decode.sh" "$out/sweep_decode.txt"
+exit 0
