@@ -9,7 +9,7 @@ from dsv4ops import registry
 from dsv4ops.conformance import cases, run_case
 from dsv4ops.conformance.cases import Case
 
-from .fakes import flashinfer as fake_flashinfer
+from fakes import flashinfer as fake_flashinfer
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_flashmla_sm100_topk_tiles():
 
 @pytest.mark.parametrize("generation", ["new", "old"])
 def test_deepgemm_contract(monkeypatch, generation):
-    from .fakes import deep_gemm as fake_deep_gemm
+    from fakes import deep_gemm as fake_deep_gemm
     fake_deep_gemm.install(monkeypatch, generation)
     backend = registry.get_backend("deepgemm")
     monkeypatch.setattr(backend, "_probed", None)
@@ -97,7 +97,7 @@ def test_deepgemm_contract(monkeypatch, generation):
 
 
 def test_deepgemm_declines_sm100_until_adapted(monkeypatch):
-    from .fakes import deep_gemm as fake_deep_gemm
+    from fakes import deep_gemm as fake_deep_gemm
     fake_deep_gemm.install(monkeypatch)
     backend = registry.get_backend("deepgemm")
     monkeypatch.setattr(backend, "_probed", None)
