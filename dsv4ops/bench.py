@@ -1,58 +1,343 @@
-"""``dsv4ops bench``: time every available backend per op on the anchor shapes of
-``shared/spec/perf-anchors.md`` (CUDA events, median of do_bench), with a bytes model per case."""
+"""``dsv4ops bench``: time every available backend per op, side by side, on production shapes.
+
+Per case: the inputs are checked against the reference with the conformance rules first; then
+``R`` input sets (enough to exceed twice the L2 cache, so memory-bound kernels are not timed out of
+L2) are called back to back inside one CUDA graph, and ``triton.testing.do_bench`` takes the
+median of its replays (CUDA events); the time per call is that over ``R``. A backend whose call
+cannot be captured is timed eagerly and marked so. Each result carries the byte and flop model
+of ``COST`` (below), the achieved GB/s and TFLOP/s, their fractions of the device's copy bandwidth
+and matrix rate (measured in the same run), and the ratio to the fastest backend of the case.
+"""
 from __future__ import annotations
 
 import json
+import math
+import time
+from dataclasses import asdict, dataclass
 
 import torch
 
 from . import ops
 from .conformance.cases import Case, _case
+from .conformance.compare import RULES
 from .selection import decide
 
-ANCHORS = [
-    _case("sparse_mla_decode", "full", T=8, H=64, topk=128, layout="fp8_ds_mla", extra_topk=128, extra_block_size=64),
-    _case("sparse_mla_decode", "full", T=128, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64),
-    _case("sparse_mla_decode", "full", T=128, H=128, topk=128, layout="fp8_ds_mla", extra_topk=1024,
-          extra_block_size=64),
-    _case("sparse_mla_decode", "full", T=512, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64),
-    _case("paged_mqa_logits", "full", B=128, next_n=1, context=8192, H=64, block_size=64),
-    _case("indexer_topk", "full", R=128, W=32768, k=512, mode="decode2d", next_n=1),
-    _case("fp8_einsum", "full", B=1024, H=8, D=1024, R=4096),
-    _case("fp8_einsum", "full", B=128, H=8, D=1024, R=4096),
-    _case("qnorm_rope_kv_insert", "full", T=128, H=64, layout="fp8_ds_mla", block_size=64, num_blocks=8),
-]
+# ---------------------------------------------------------------------------------------------
+# Shapes (spec §0) and the cost model
 
 
-def bench(case_list: list[Case], backend_names: list[str], device) -> list[dict]:
+def production_cases() -> list[Case]:
+    c = lambda op, **kw: _case(op, "full", **kw)
+    return [
+        c("qnorm_rope_kv_insert", T=128, H=64, layout="fp8_ds_mla", block_size=64, num_blocks=8),
+        c("qnorm_rope_kv_insert", T=128, H=128, layout="fp8_ds_mla", block_size=64, num_blocks=8),
+        c("sparse_mla_decode", T=8, H=64, topk=128, layout="fp8_ds_mla", extra_topk=128, extra_block_size=64,
+          lens="full"),
+        c("sparse_mla_decode", T=128, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64,
+          lens="full"),
+        c("sparse_mla_decode", T=128, H=128, topk=128, layout="fp8_ds_mla", extra_topk=1024, extra_block_size=64,
+          lens="full"),
+        c("sparse_mla_decode", T=512, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64,
+          lens="full"),
+        c("paged_mqa_logits", B=128, next_n=1, context=8192, H=64, block_size=64),
+        c("paged_mqa_logits", B=64, next_n=2, context=8192, H=64, block_size=64),
+        c("fp8_einsum", B=128, H=8, D=1024, R=4096),
+        c("fp8_einsum", B=1024, H=8, D=1024, R=4096),
+        c("indexer_topk", R=128, W=32768, k=512, mode="decode2d"),
+        c("indexer_topk", R=128, W=32768, k=1024, mode="decode2d"),
+    ]
+
+
+def sweep_cases() -> list[Case]:
+    c = lambda op, **kw: _case(op, "full", **kw)
+    out = [c("sparse_mla_decode", T=T, H=H, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64,
+             lens="full") for H in (16, 64, 128) for T in (1, 8, 32, 128, 512)]
+    out += [c("paged_mqa_logits", B=B, next_n=1, context=ctx, H=64, block_size=64)
+            for B in (8, 128) for ctx in (2048, 8192, 32768)]
+    out += [c("fp8_einsum", B=B, H=8, D=1024, R=4096) for B in (1, 32, 128, 512, 2048)]
+    out += [c("indexer_topk", R=R, W=W, k=512, mode="decode2d") for R in (8, 128) for W in (4096, 32768)]
+    return out
+
+
+def _nbytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+
+
+def _selected(idx, lens):
+    valid = idx != -1
+    if lens is not None:
+        valid &= torch.arange(idx.shape[1], device=idx.device) < lens[:, None]
+    return int(valid.sum())
+
+
+def cost(op: str, kw: dict) -> tuple[int, int]:
+    """(bytes, flops) a kernel must move / do at least: each input read once, each output written once."""
+    if op == "sparse_mla_decode":
+        rows = _selected(kw["indices"], kw.get("topk_lens"))
+        if kw.get("extra_indices") is not None:
+            rows += _selected(kw["extra_indices"], kw.get("extra_topk_lens"))
+        row_bytes = 584 if kw["layout"].startswith("fp8_ds_mla") else 512 * kw["kv_cache"].element_size()
+        T, H, D = kw["q"].shape
+        return rows * row_bytes + 2 * _nbytes(kw["q"]) + T * H * 4, 4 * rows * H * D     # QK^T and PV
+    if op == "paged_mqa_logits":
+        B, n, H, D = kw["q"].shape
+        lens = kw["context_lens"].reshape(B, -1).amax(1).long()
+        keys = int(lens.sum()) * 132
+        return keys + _nbytes(kw["q"], kw["weights"]) + B * n * kw["max_context_len"] * 4, 2 * n * H * D * int(lens.sum())
+    if op == "fp8_einsum":
+        B, H, R = kw["a"].shape
+        D = kw["b"].shape[1]
+        out = B * H * D * (2 if kw["out_dtype"] == torch.bfloat16 else 4)
+        return _nbytes(kw["a"], kw["a_scale"], kw["b"], kw["b_scale"]) + out, 2 * B * H * D * R
+    if op == "indexer_topk":
+        R, W = kw["logits"].shape
+        return R * W * 4 + R * kw["k"] * 4, 0
+    if op == "qnorm_rope_kv_insert":
+        T, H, D = kw["q"].shape
+        written = int((kw["slot_mapping"] >= 0).sum())
+        return 2 * _nbytes(kw["q"]) + _nbytes(kw["kv"], kw["positions"]) + written * (584 + 64 * 4), 0
+    raise ValueError(op)
+
+
+# ---------------------------------------------------------------------------------------------
+# Device ceilings
+
+@dataclass
+class Ceilings:
+    copy_gbps: float        # device-to-device copy, bytes read + written
+    bf16_tflops: float      # 8192^3 bf16 matmul
+    fp8_tflops: float       # 8192^3 fp8 matmul (torch._scaled_mm), 0 if unavailable
+
+
+def measure_ceilings(device) -> Ceilings:
     import triton.testing
 
-    rows = []
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=10, rep=100, return_mode="median")
+    copy = 2 * src.numel() / ms / 1e6
+    del src, dst
+    n = 8192
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    ms = triton.testing.do_bench(lambda: a @ b, warmup=10, rep=100, return_mode="median")
+    bf16 = 2 * n ** 3 / ms / 1e9
+    fp8 = 0.0
+    try:
+        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device=device)
+        ms = triton.testing.do_bench(lambda: torch._scaled_mm(a8, b8, one, one, out_dtype=torch.bfloat16),
+                                     warmup=10, rep=100, return_mode="median")
+        fp8 = 2 * n ** 3 / ms / 1e9
+    except Exception:
+        pass
+    return Ceilings(copy, bf16, fp8)
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+@dataclass
+class Timing:
+    op: str
+    case: str
+    backend: str
+    us: float | None = None
+    gbps: float | None = None
+    tflops: float | None = None
+    bandwidth_fraction: float | None = None
+    compute_fraction: float | None = None
+    vs_fastest: float | None = None
+    mode: str = ""                 # "graph" or "eager"
+    note: str = ""
+
+
+def _input_sets(case: Case, device, l2_bytes: int, budget: int) -> list[dict]:
+    first = case.build(device, seed=0)
+    per_set = max(1, _nbytes(*first.values()))
+    n = max(1, min(16, math.ceil(2 * l2_bytes / per_set), budget // per_set))
+    return [first] + [case.build(device, seed=i) for i in range(1, n)]
+
+
+def time_calls(fn, sets: list[dict]) -> tuple[float, str]:
+    """Median µs per call over the rotating sets: one CUDA graph of len(sets) calls if possible."""
+    import triton.testing
+
+    def all_sets():
+        for kw in sets:
+            fn(**kw)
+    all_sets()
+    torch.cuda.synchronize()
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            all_sets()
+        ms = triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median")
+        return ms * 1000 / len(sets), "graph"
+    except Exception:
+        torch.cuda.synchronize()
+        ms = triton.testing.do_bench(all_sets, warmup=25, rep=200, return_mode="median")
+        return ms * 1000 / len(sets), "eager"
+
+
+def bench(case_list: list[Case], backend_names: list[str], device, ceilings: Ceilings | None,
+          progress=print) -> list[Timing]:
+    from . import reference
+
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size if torch.device(device).type == "cuda" else 1 << 20
+    rows: list[Timing] = []
     for case in case_list:
-        kwargs = case.build(device, seed=0)
+        sets = _input_sets(case, device, l2, budget=8 << 30)
         module = ops.OPS[case.op]
+        nbytes, flops = cost(case.op, sets[0])
+        ref_kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in sets[0].items()}
+        ref = getattr(reference, case.op)(**ref_kwargs)
+        case_rows = []
         for name in backend_names:
-            decision = decide(module.validate(**kwargs), name)
+            decision = decide(module.validate(**sets[0]), name)
             if decision.selected is None:
-                rows.append(dict(op=case.op, case=case.id, backend=name, us=None,
-                                 skipped=next((c.status for c in decision.candidates if c.backend == name), "n/a")))
+                why = next((c.status for c in decision.candidates if c.backend == name), "not registered")
+                case_rows.append(Timing(case.op, case.id, name, note=f"skipped: {why}"))
                 continue
             fn = decision.selected.fn
-            ms = triton.testing.do_bench(lambda: fn(**kwargs), warmup=25, rep=200, return_mode="median")
-            rows.append(dict(op=case.op, case=case.id, backend=name, us=round(ms * 1000, 2)))
-            print(f"{case.id:100s} {name:10s} {ms * 1000:10.1f} us", flush=True)
+            got_kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in sets[0].items()}
+            verdict = RULES[case.op](case, ref_kwargs, ref, got_kwargs, fn(**got_kwargs))
+            if not verdict.ok:
+                case_rows.append(Timing(case.op, case.id, name, note=f"wrong result: {verdict.message}"))
+                continue
+            us, mode = time_calls(fn, sets) if torch.device(device).type == "cuda" else (_cpu_time(fn, sets), "cpu")
+            t = Timing(case.op, case.id, name, us=us, mode=mode, gbps=nbytes / us / 1e3,
+                       tflops=flops / us / 1e6 if flops else None)
+            if ceilings:
+                t.bandwidth_fraction = t.gbps / ceilings.copy_gbps
+                rate = ceilings.fp8_tflops if case.op in ("fp8_einsum", "paged_mqa_logits") else ceilings.bf16_tflops
+                t.compute_fraction = t.tflops / rate if (t.tflops and rate) else None
+            case_rows.append(t)
+        timed = [t.us for t in case_rows if t.us]
+        for t in case_rows:
+            if t.us:
+                t.vs_fastest = min(timed) / t.us
+            progress(_line(t))
+        rows += case_rows
     return rows
+
+
+def _cpu_time(fn, sets) -> float:
+    start = time.perf_counter()
+    for kw in sets:
+        fn(**kw)
+    return (time.perf_counter() - start) * 1e6 / len(sets)
+
+
+def _line(t: Timing) -> str:
+    if t.us is None:
+        return f"{t.case:95s} {t.backend:10s} {t.note}"
+    frac = f" {100 * t.bandwidth_fraction:5.1f}% bw" if t.bandwidth_fraction is not None else ""
+    tf = f" {t.tflops:7.1f} TFLOP/s" if t.tflops else ""
+    return f"{t.case:95s} {t.backend:10s} {t.us:9.1f} us {t.gbps:8.1f} GB/s{tf}{frac} x{t.vs_fastest:.2f} [{t.mode}]"
+
+
+# ---------------------------------------------------------------------------------------------
+# Dispatch overhead
+
+def dispatch_overhead(device, calls: int = 2000) -> dict[str, dict]:
+    """Host µs per call of ``dsv4ops.<op>`` vs the selected implementation called directly (tiny
+    shapes, so the host, not the GPU, is the bottleneck)."""
+    tiny = {
+        "qnorm_rope_kv_insert": dict(T=1, H=8, layout="fp8_ds_mla", block_size=64, num_blocks=1),
+        "sparse_mla_decode": dict(T=1, H=8, topk=64, layout="fp8_ds_mla", extra_topk=64, extra_block_size=64),
+        "paged_mqa_logits": dict(B=1, next_n=1, context=64, H=64, block_size=64),
+        "fp8_einsum": dict(B=1, H=1, D=128, R=128),
+        "indexer_topk": dict(R=1, W=256, k=64, mode="decode2d"),
+    }
+    result = {}
+    for op, params in tiny.items():
+        kw = _case(op, "quick", **params).build(device, seed=0)
+        module = ops.OPS[op]
+        impl = decide(module.validate(**kw)).selected
+        public = getattr(module, op)
+        per_call = []
+        for fn in (lambda: public(**kw), lambda: impl.fn(**kw)):
+            fn()
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            per_call.append((time.perf_counter() - start) * 1e6 / calls)
+            _sync(device)
+        result[op] = dict(backend=impl.backend.name, dsv4ops_us=per_call[0], direct_us=per_call[1],
+                          overhead_us=per_call[0] - per_call[1])
+    return result
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------------------------------------
+
+def plot(rows: list[Timing], prefix: str) -> list[str]:
+    """One PNG per op: µs per backend across the op's cases (log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for op in dict.fromkeys(r.op for r in rows):
+        timed = [r for r in rows if r.op == op and r.us]
+        if not timed:
+            continue
+        cases = list(dict.fromkeys(r.case for r in timed))
+        backends = list(dict.fromkeys(r.backend for r in timed))
+        fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(cases)), 4))
+        width = 0.8 / len(backends)
+        for i, name in enumerate(backends):
+            values = [next((r.us for r in timed if r.case == c and r.backend == name), float("nan")) for c in cases]
+            ax.bar([j + i * width for j in range(len(cases))], values, width, label=name)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))])
+        ax.set_xticklabels([c[len(op) + 1:-1].replace(",", "\n") for c in cases], fontsize=6)
+        ax.set_yscale("log")
+        ax.set_ylabel("µs per call (median)")
+        ax.set_title(op)
+        ax.legend()
+        fig.tight_layout()
+        path = f"{prefix}{op}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        paths.append(path)
+    return paths
 
 
 def main(args) -> int:
     from .platform import default_device, platform
+    from . import backends as list_backends
 
     device = default_device()
-    names = args.backends.split(",") if args.backends else ["triton", "flashmla", "deepgemm", "flashinfer"]
-    case_list = [c for c in ANCHORS if not args.ops or c.op in args.ops.split(",")]
-    rows = bench(case_list, names, device)
+    names = args.backends.split(",") if args.backends else [b.name for b in list_backends() if b.name != "reference"]
+    case_list = production_cases() if args.shapes == "production" else sweep_cases()
+    if args.ops:
+        case_list = [c for c in case_list if c.op in args.ops.split(",")]
+    on_gpu = device.type == "cuda"
+    if not on_gpu and args.tiny:
+        case_list = [_case("indexer_topk", "quick", R=4, W=128, k=16, mode="decode2d")]
+    ceilings = measure_ceilings(device) if on_gpu else None
+    if ceilings:
+        print(f"ceilings: copy {ceilings.copy_gbps:.0f} GB/s, bf16 {ceilings.bf16_tflops:.0f} TFLOP/s, "
+              f"fp8 {ceilings.fp8_tflops:.0f} TFLOP/s")
+    rows = bench(case_list, names, device, ceilings)
+    overhead = dispatch_overhead(device) if on_gpu else {}
+    for op, o in overhead.items():
+        print(f"dispatch overhead {op:22s} {o['backend']:9s} dsv4ops {o['dsv4ops_us']:6.1f} us, "
+              f"direct {o['direct_us']:6.1f} us, overhead {o['overhead_us']:5.1f} us")
+    plat = platform(device)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(platform=str(platform(device)), libraries=dict(platform(device).libraries), results=rows),
-                      f, indent=1)
+            json.dump(dict(platform=str(plat), libraries=dict(plat.libraries), shapes=args.shapes,
+                           ceilings=asdict(ceilings) if ceilings else None, results=[asdict(r) for r in rows],
+                           dispatch_overhead=overhead), f, indent=1)
+    if args.plot:
+        for path in plot(rows, args.plot):
+            print(f"wrote {path}")
     return 0

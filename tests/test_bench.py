@@ -1,0 +1,35 @@
+"""The benchmark cannot rot: a smoke run on the CPU with the reference at a tiny shape, and the
+cost model on a known case."""
+import json
+
+import torch
+
+from dsv4ops.bench import cost, production_cases, sweep_cases
+from dsv4ops.cli import main
+
+
+def test_bench_smoke(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    assert main(["bench", "--tiny", "--backends", "reference", "--json", str(path), "--plot", str(tmp_path / "p-")]) == 0
+    data = json.loads(path.read_text())
+    (row,) = data["results"]
+    assert row["backend"] == "reference" and row["us"] > 0 and row["vs_fastest"] == 1.0
+    assert (tmp_path / "p-indexer_topk.png").stat().st_size > 0
+
+
+def test_cost_model_einsum_and_decode():
+    kw = dict(a=torch.empty(4, 2, 256, dtype=torch.float8_e4m3fn), a_scale=torch.empty(4, 2, 2),
+              b=torch.empty(2, 128, 256, dtype=torch.float8_e4m3fn), b_scale=torch.empty(2, 1, 2),
+              out_dtype=torch.bfloat16)
+    nbytes, flops = cost("fp8_einsum", kw)
+    assert flops == 2 * 4 * 2 * 128 * 256
+    assert nbytes == 2048 + 64 + 65536 + 16 + 2048          # a, a_scale, b, b_scale, bf16 out
+    idx = torch.tensor([[0, 1, -1, 2]], dtype=torch.int32)
+    kw = dict(q=torch.empty(1, 4, 512, dtype=torch.bfloat16), indices=idx, topk_lens=torch.tensor([2], dtype=torch.int32),
+              layout="fp8_ds_mla", kv_cache=torch.empty(1, 37440, dtype=torch.uint8))
+    nbytes, flops = cost("sparse_mla_decode", kw)
+    assert flops == 4 * 2 * 4 * 512 and nbytes == 2 * 584 + 2 * 4 * 512 * 2 + 4 * 4
+
+
+def test_shape_lists_are_valid_cases():
+    assert all(c.op for c in production_cases() + sweep_cases())
