@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from . import ops
+from . import ops, registry
 from .conformance.cases import Case, _case
 from .conformance.compare import RULES
 from .selection import decide
@@ -194,6 +194,9 @@ def bench(case_list: list[Case], backend_names: list[str], device, ceilings: Cei
         ref = getattr(reference, case.op)(**ref_kwargs)
         case_rows = []
         for name in backend_names:
+            backend = registry.get_backend(name)
+            if backend is None or case.op not in backend.implementations:
+                continue
             decision = decide(module.validate(**sets[0]), name)
             if decision.selected is None:
                 why = next((c.status for c in decision.candidates if c.backend == name), "not registered")
@@ -322,7 +325,9 @@ def main(args) -> int:
     on_gpu = device.type == "cuda"
     if not on_gpu and args.tiny:
         case_list = [_case("indexer_topk", "quick", R=4, W=128, k=16, mode="decode2d")]
-    ceilings = measure_ceilings(device) if on_gpu else None
+    if args.overhead:
+        case_list = []
+    ceilings = measure_ceilings(device) if on_gpu and case_list else None
     if ceilings:
         print(f"ceilings: copy {ceilings.copy_gbps:.0f} GB/s, bf16 {ceilings.bf16_tflops:.0f} TFLOP/s, "
               f"fp8 {ceilings.fp8_tflops:.0f} TFLOP/s")

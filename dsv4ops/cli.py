@@ -109,6 +109,7 @@ def main(argv=None) -> int:
     bench.add_argument("--json", help="write the timings to this JSON file")
     bench.add_argument("--plot", metavar="PREFIX", help="write PREFIX<op>.png per op")
     bench.add_argument("--tiny", action="store_true", help="one tiny case (a smoke run on the CPU)")
+    bench.add_argument("--overhead", action="store_true", help="only the dispatch overhead (GPU)")
     bench.set_defaults(fn=lambda a: __import__("dsv4ops.bench", fromlist=["main"]).main(a))
     args = parser.parse_args(argv)
     return args.fn(args)

@@ -111,6 +111,11 @@ def simulate_platform(vendor: str, arch: str):
         _local.simulated = previous
 
 
+def current_simulation() -> Platform | None:
+    """The platform set by an enclosing ``simulate_platform`` block in this thread, if any."""
+    return getattr(_local, "simulated", None)
+
+
 def platform(device: torch.device | str | None = None) -> Platform:
     """The platform of ``device`` (default: the current accelerator if any, else the CPU)."""
     simulated = getattr(_local, "simulated", None) or _env_simulation()

@@ -169,3 +169,29 @@ def test_import_loads_no_vendor_library():
     code = ("import sys, dsv4ops; heavy = [m for m in ('triton', 'flash_mla', 'deep_gemm', 'flashinfer', 'aiter',"
             " 'intel_extension_for_pytorch') if m in sys.modules]; assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_fast_path_skips_validation_only_for_known_structures(fakes, monkeypatch):
+    """On accelerators a structure seen before skips validation and selection; anything new
+    (shape, dtype, backend setting) goes through both again."""
+    from dsv4ops.ops import OPS
+    structure = lambda kwargs: tuple((v.dtype, v.shape, v.stride()) if isinstance(v, torch.Tensor) else v
+                                     for v in kwargs.values())
+    monkeypatch.setattr(selection, "_structure", structure)      # treat the CPU tensors as device tensors
+    validated = []
+    real = OPS["indexer_topk"].validate
+    monkeypatch.setattr(OPS["indexer_topk"], "validate", lambda *a, **k: validated.append(1) or real(*a, **k))
+    kw = topk_args()
+    for _ in range(3):
+        dsv4ops.indexer_topk(**kw)
+    assert len(validated) == 1 and fakes == ["fast"] * 3
+    dsv4ops.indexer_topk(**{**kw, "k": 32})                     # new structure: validated, other backend
+    assert len(validated) == 2 and fakes[-1] == "slow"
+    monkeypatch.setenv("DSV4OPS_BACKEND", "reference")
+    dsv4ops.indexer_topk(**kw)
+    assert len(validated) == 3 and fakes[-1] == "slow"           # reference ran: no fake call recorded
+    with pytest.raises(dsv4ops.InputError):
+        dsv4ops.indexer_topk(**{**kw, "logits": kw["logits"].double()})
+    monkeypatch.setenv("DSV4OPS_DEBUG", "1")
+    dsv4ops.indexer_topk(**kw)
+    assert len(validated) == 5                                   # debug: always validated

@@ -3,12 +3,12 @@ argument and what was expected. Structural checks never synchronise the device; 
 (ranges) run on CPU tensors always and on accelerator tensors only with ``DSV4OPS_DEBUG=1``."""
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import torch
 
 from ..errors import InputError
+from ..settings import debug_enabled
 
 
 def describe(t) -> str:
@@ -30,7 +30,7 @@ class Checker:
     def __init__(self, op: str):
         self.op = op
         self.device: torch.device | None = None
-        self.debug = os.environ.get("DSV4OPS_DEBUG", "") not in ("", "0")
+        self.debug = debug_enabled()
 
     def fail(self, arg: str, message: str):
         raise InputError(f"{self.op}: argument '{arg}' {message}")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..selection import OpCall, run, signature_of
+from ..selection import OpCall, call_op, signature_of
 from ._validate import Checker
 
 NAME = "fp8_einsum"
@@ -39,5 +39,5 @@ def fp8_einsum(equation, a, a_scale, b, b_scale, *, out=None, out_dtype=torch.bf
 
     a fp8 [B, H, R] (any batch strides), a_scale fp32 [B, H, R/128]; b fp8 [H, D, R],
     b_scale fp32 [H, D/128, R/128]. Returns [B, H, D] in ``out_dtype`` (bf16 or fp32)."""
-    call = validate(equation, a, a_scale, b, b_scale, out=out, out_dtype=out_dtype)
-    return run(call, backend)
+    return call_op(validate, dict(equation=equation, a=a, a_scale=a_scale, b=b, b_scale=b_scale, out=out,
+                                  out_dtype=out_dtype), backend)

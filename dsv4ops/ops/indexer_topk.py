@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..selection import OpCall, run, signature_of
+from ..selection import OpCall, call_op, signature_of
 from ._validate import Checker
 
 NAME = "indexer_topk"
@@ -34,7 +34,6 @@ def validate(logits, k, *, row_starts=None, row_ends=None, seq_lens=None, next_n
             c.fail("seq_lens", f"must describe R={R} rows (B * next_n), got {list(seq_lens.shape)} "
                                f"with next_n={rows_per_seq}")
         c.in_range("seq_lens", seq_lens, 0, W + 1, what="lengths (at most the logits width)")
-        next_n = rows_per_seq
     c.out_buffer(out, dtype=torch.int32, shape=(R, k))
     kwargs = dict(logits=logits, k=k, row_starts=row_starts, row_ends=row_ends, seq_lens=seq_lens,
                   next_n=next_n, out=out)
@@ -46,6 +45,5 @@ def indexer_topk(logits, k, *, row_starts=None, row_ends=None, seq_lens=None, ne
     """logits fp32 [R, W]; rows either [row_starts, row_ends) (int32 [R]) or decode lengths
     ``seq_lens`` int32 [B] (with next_n) / [B, next_n]. Returns int32 [R, k]: row-local columns of
     the k largest valid logits (order unspecified), -1 past the row's valid count."""
-    call = validate(logits, k, row_starts=row_starts, row_ends=row_ends, seq_lens=seq_lens, next_n=next_n,
-                    out=out)
-    return run(call, backend)
+    return call_op(validate, dict(logits=logits, k=k, row_starts=row_starts, row_ends=row_ends, seq_lens=seq_lens,
+                                  next_n=next_n, out=out), backend)

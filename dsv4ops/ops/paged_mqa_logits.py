@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import formats
-from ..selection import OpCall, run, signature_of
+from ..selection import OpCall, call_op, signature_of
 from ._validate import Checker
 
 NAME = "paged_mqa_logits"
@@ -47,5 +47,6 @@ def paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, max_contex
     [B * next_n, H]; context_lens int32 [B] (causal MTP rule) or [B, next_n]; block_table int32
     [B, max_blocks]. Returns fp32 [B * next_n, max_context_len]; columns past a row's length are
     unspecified, or exactly -inf with ``clean=True``."""
-    call = validate(q, kv_cache, weights, context_lens, block_table, max_context_len, clean=clean, out=out)
-    return run(call, backend)
+    return call_op(validate, dict(q=q, kv_cache=kv_cache, weights=weights, context_lens=context_lens,
+                                  block_table=block_table, max_context_len=max_context_len, clean=clean, out=out),
+                   backend)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import formats
-from ..selection import OpCall, run, signature_of
+from ..selection import OpCall, call_op, signature_of
 from ._validate import Checker
 
 NAME = "qnorm_rope_kv_insert"
@@ -58,6 +58,6 @@ def qnorm_rope_kv_insert(q, kv, positions, cos_sin_cache, kv_cache, slot_mapping
     slot_mapping int64 [T'] (T' <= T). Returns bf16 [T, H, 512] (``q`` itself unless ``out``) for
     "fp8_ds_mla"/"bf16", float8_e4m3fn [T, H, 512] for "fp8_per_tensor" (``q`` unmodified).
     """
-    call = validate(q, kv, positions, cos_sin_cache, kv_cache, slot_mapping, layout=layout,
-                    block_size=block_size, eps=eps, kv_scale=kv_scale, q_scale=q_scale, out=out)
-    return run(call, backend)
+    return call_op(validate, dict(q=q, kv=kv, positions=positions, cos_sin_cache=cos_sin_cache, kv_cache=kv_cache,
+                                  slot_mapping=slot_mapping, layout=layout, block_size=block_size, eps=eps,
+                                  kv_scale=kv_scale, q_scale=q_scale, out=out), backend)

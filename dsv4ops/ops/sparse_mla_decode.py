@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import formats
-from ..selection import OpCall, run, signature_of
+from ..selection import OpCall, call_op, signature_of
 from ._validate import Checker
 from .qnorm_rope_kv_insert import MAX_HEADS, check_kv_cache
 
@@ -65,9 +65,8 @@ def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_siz
     Returns out bf16 [T, H, 512] and lse fp32 [T, H] (natural log, sink excluded, +inf if lonely);
     with ``need_lse=False`` the second element is None, which admits backends whose kernel does not
     produce the log-sum-exp (FlashInfer's TRTLLM-gen DSV4 decode)."""
-    call = validate(q, kv_cache, indices, topk_lens, layout=layout, block_size=block_size,
-                    softmax_scale=softmax_scale, attn_sink=attn_sink, extra_kv_cache=extra_kv_cache,
-                    extra_indices=extra_indices, extra_topk_lens=extra_topk_lens,
-                    extra_block_size=extra_block_size, kv_scale=kv_scale, q_scale=q_scale, out=out,
-                    need_lse=need_lse)
-    return run(call, backend)
+    return call_op(validate, dict(q=q, kv_cache=kv_cache, indices=indices, topk_lens=topk_lens, layout=layout,
+                                  block_size=block_size, softmax_scale=softmax_scale, attn_sink=attn_sink,
+                                  extra_kv_cache=extra_kv_cache, extra_indices=extra_indices,
+                                  extra_topk_lens=extra_topk_lens, extra_block_size=extra_block_size,
+                                  kv_scale=kv_scale, q_scale=q_scale, out=out, need_lse=need_lse), backend)
