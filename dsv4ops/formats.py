@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .quant import FP8_DTYPE, FP8_MAX, to_fp8, ue8m0_scale, ue8m0_to_float
+from .quant import FP8_DTYPE, FP8_MAX, pack_ue8m0_scales, to_fp8, ue8m0_scale, ue8m0_to_float
 
 HEAD_DIM = 512
 NOPE_DIM = 448
@@ -226,5 +226,5 @@ __all__ = [
     "DS_MLA_TOKEN_BYTES", "ds_mla_page_bytes", "kv_cache_spec", "allocate_kv_cache",
     "ds_mla_views", "encode_ds_mla", "decode_ds_mla", "write_kv", "read_kv", "pack_kv", "unpack_kv",
     "pack_index_keys", "unpack_index_keys", "index_key_views", "to_global_indices",
-    "fp8_flavour", "is_ds_mla",
+    "fp8_flavour", "is_ds_mla", "pack_ue8m0_scales",
 ]
