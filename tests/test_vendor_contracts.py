@@ -108,3 +108,53 @@ def test_deepgemm_declines_sm100_until_adapted(monkeypatch):
         assert "arch sm100 not supported (needs sm90)" == status["deepgemm"]
     finally:
         backend._probed = None
+
+
+@pytest.fixture
+def aiter(monkeypatch):
+    from fakes import aiter as fake_aiter
+    fake_aiter.install(monkeypatch)
+    backend = registry.get_backend("aiter")
+    monkeypatch.setattr(backend, "_probed", None)
+    yield backend
+    backend._probed = None
+
+
+def _simulated(vendor, arch, op, backend):
+    results = []
+    with dsv4ops.simulate_platform(vendor, arch):
+        for case in cases(op, "quick"):
+            results.append(run_case(case, backend, "cpu", seed=13))
+    bad = [f"{r.case.id}: {r.message}" for r in results if r.status in ("fail", "error")]
+    assert not bad, bad
+    return [r for r in results if r.status == "pass"], {r.case.id: r.message for r in results if r.status == "skip"}
+
+
+def test_aiter_decode_contract_gfx950(aiter):
+    ran, skipped = _simulated("rocm", "gfx950", "sparse_mla_decode", "aiter")
+    assert {r.case.kwargs["layout"] for r in ran} == {"fp8_ds_mla", "bf16", "fp8_per_tensor"}
+    assert any("need_lse=False" in m for m in skipped.values())
+
+
+def test_aiter_decode_contract_gfx942(aiter):
+    ran, skipped = _simulated("rocm", "gfx942", "sparse_mla_decode", "aiter")
+    assert [r.case.kwargs["layout"] for r in ran] == ["bf16"]
+    assert any("gfx950-only" in m for m in skipped.values())
+
+
+def test_aiter_topk_contract(aiter):
+    ran, skipped = _simulated("rocm", "gfx942", "indexer_topk", "aiter")
+    assert {r.case.kwargs.get("mode") for r in ran} == {"decode1d", "decode2d"}
+    assert all("unconfirmed" in m for m in skipped.values())
+
+
+def test_explain_on_simulated_rocm_and_xpu():
+    """What a gfx942 or XPU box would run, and why (the vendor libraries are absent here)."""
+    kw = Case("indexer_topk", tuple(sorted(dict(R=4, W=128, k=16, mode="decode2d").items()))).build("cpu", 0)
+    with dsv4ops.simulate_platform("rocm", "gfx942"):
+        status = {c.backend: c.status for c in dsv4ops.explain("indexer_topk", **kw).candidates}
+    assert status["aiter"].startswith("cannot import aiter") and "platform rocm" in status["flashinfer"]
+    with dsv4ops.simulate_platform("xpu", "xpu"):
+        d = dsv4ops.explain("indexer_topk", **kw)
+    status = {c.backend: c.status for c in d.candidates}
+    assert "platform xpu not supported" in status["aiter"] and "platform xpu" in status["flashinfer"]

@@ -82,6 +82,9 @@ def _decode(tier):
         for layout in ("bf16", "fp8_per_tensor"):     # the SM100 TRTLLM-gen shape: 128 SWA + extra, no lse
             yield _case(op, tier, T=3, H=8, topk=WINDOW, layout=layout, extra_topk=64, extra_block_size=C128_BLOCK,
                         need_lse=False)
+        yield _case(op, tier, T=3, H=16, topk=64, layout="fp8_ds_mla", extra_topk=64, extra_block_size=C128_BLOCK,
+                    need_lse=False)
+        yield _case(op, tier, T=2, H=8, topk=32, layout="bf16", sink="inf", need_lse=False)   # single segment
         return
     for model, heads in HEADS_PER_RANK.items():
         for H, T in itertools.product(heads, (8, 128)):
