@@ -10,6 +10,8 @@ import importlib
 import os
 from typing import Callable, Iterable
 
+import torch
+
 from .platform import Platform
 
 
@@ -75,3 +77,23 @@ def sm_major(arch: str) -> int:
 
 def triton_interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
+
+
+def decode_output(q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """The caller's ``out`` or a new bf16 ``[T, H, 512]`` for sparse_mla_decode."""
+    return torch.empty(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16, device=q.device) if out is None else out
+
+
+def pad_heads(q: torch.Tensor, attn_sink: torch.Tensor | None, padded: int):
+    """Zero query heads and -inf sinks (no effect) up to ``padded`` heads; no copy when already there.
+    Returns (q [T, padded, 512], sink [padded] or None)."""
+    T, H, D = q.shape
+    if padded == H:
+        return q, attn_sink
+    q_p = torch.zeros(T, padded, D, dtype=q.dtype, device=q.device)
+    q_p[:, :H] = q
+    sink_p = None
+    if attn_sink is not None:
+        sink_p = torch.full((padded,), float("-inf"), dtype=torch.float32, device=q.device)
+        sink_p[:H] = attn_sink
+    return q_p, sink_p

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .quant import FP8_DTYPE, FP8_MAX, pack_ue8m0_scales, to_fp8, ue8m0_scale, ue8m0_to_float
+from .quant import FP8_DTYPE, FP8_MAX, as_float, pack_ue8m0_scales, to_fp8, ue8m0_scale, ue8m0_to_float
 
 HEAD_DIM = 512
 NOPE_DIM = 448
@@ -105,10 +105,6 @@ def decode_ds_mla(data: torch.Tensor, scales: torch.Tensor, flavour: str = "ocp"
     return torch.cat([nope, rope], dim=-1)
 
 
-def _as_float(scale) -> float:
-    return float(scale.item()) if isinstance(scale, torch.Tensor) else float(scale)
-
-
 def write_kv(cache: torch.Tensor, layout: str, block_size: int, slots: torch.Tensor,
              rows: torch.Tensor, kv_scale=1.0) -> None:
     """Write rows ``[N, 512]`` (fp32 or bf16 values) at ``slots`` (int64 ``[N]``; ``< 0`` skipped)."""
@@ -123,7 +119,7 @@ def write_kv(cache: torch.Tensor, layout: str, block_size: int, slots: torch.Ten
     elif layout == "bf16":
         cache[block, offset] = rows.to(torch.bfloat16)
     elif layout == "fp8_per_tensor":
-        cache[block, offset] = to_fp8(rows.to(torch.float32) / _as_float(kv_scale))
+        cache[block, offset] = to_fp8(rows.to(torch.float32) / as_float(kv_scale))
     else:
         raise ValueError(f"unknown KV cache layout {layout!r}; expected one of {LAYOUTS}")
 
@@ -139,7 +135,7 @@ def read_kv(cache: torch.Tensor, layout: str, block_size: int, slots: torch.Tens
     if layout == "bf16":
         return cache[block, offset].to(torch.float32)
     if layout == "fp8_per_tensor":
-        return cache[block, offset].to(torch.float32) * _as_float(kv_scale)
+        return cache[block, offset].to(torch.float32) * as_float(kv_scale)
     raise ValueError(f"unknown KV cache layout {layout!r}; expected one of {LAYOUTS}")
 
 

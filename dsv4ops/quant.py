@@ -11,6 +11,11 @@ FP8_DTYPE = {"ocp": torch.float8_e4m3fn, "fnuz": torch.float8_e4m3fnuz}
 FP8_MAX = {"ocp": 448.0, "fnuz": 240.0}
 
 
+def as_float(x) -> float:
+    """A scale given as a Python number or a 1-element tensor, as a float (syncs for device tensors)."""
+    return float(x.item()) if isinstance(x, torch.Tensor) else float(x)
+
+
 def ceil_log2(x: torch.Tensor) -> torch.Tensor:
     """``ceil(log2(x))`` for positive normal fp32 ``x``, exact (read off the fp32 bits, no float log2)."""
     bits = x.to(torch.float32).contiguous().view(torch.int32)

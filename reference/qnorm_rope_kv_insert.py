@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from dsv4ops import formats
-from dsv4ops.quant import to_fp8
+from dsv4ops.quant import as_float, to_fp8
 
 from .rope import cos_sin, rotate
 
@@ -24,11 +24,7 @@ def qnorm_rope_kv_insert(q, kv, positions, cos_sin_cache, kv_cache, slot_mapping
     formats.write_kv(kv_cache, layout, block_size, slot_mapping, k[:n_kv], kv_scale)
 
     if layout == "fp8_per_tensor":                                 # Decision 2: q is left unmodified
-        q_fp8 = to_fp8(q_rot.to(torch.float32) / _scalar(q_scale))
+        q_fp8 = to_fp8(q_rot.to(torch.float32) / as_float(q_scale))
         return q_fp8 if out is None else out.copy_(q_fp8)
     target = q if out is None else out
     return target.copy_(q_rot)
-
-
-def _scalar(x) -> float:
-    return float(x.item()) if isinstance(x, torch.Tensor) else float(x)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from dsv4ops import formats
+from dsv4ops.backend_support import decode_output
 from dsv4ops.ops._rows import decode_row_ends
 
 
@@ -51,7 +52,7 @@ def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_siz
     from aiter.ops.triton.attention.sparse_mla import sparse_mla_fwd
 
     T, H, _ = q.shape
-    result = torch.empty(T, H, 512, dtype=torch.bfloat16, device=q.device) if out is None else out
+    result = decode_output(q, out)
     if T == 0:
         return result, None
     per_tensor = layout == "fp8_per_tensor"

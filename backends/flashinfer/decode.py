@@ -20,6 +20,8 @@ import math
 import torch
 
 from dsv4ops import formats
+from dsv4ops.backend_support import decode_output, pad_heads
+from dsv4ops.quant import as_float
 
 SWA_WIDTH = 128
 TRTLLM_HEADS = (8, 16, 32, 64, 128)
@@ -38,27 +40,17 @@ def _workspace(device: torch.device) -> torch.Tensor:
     return _workspaces[device]
 
 
-def _as_float(x) -> float:
-    return float(x.item()) if isinstance(x, torch.Tensor) else float(x)
-
-
 def decode_trtllm(q, kv_cache, indices, topk_lens=None, *, layout, block_size, softmax_scale, attn_sink=None,
                   extra_kv_cache=None, extra_indices=None, extra_topk_lens=None, extra_block_size=None,
                   kv_scale=1.0, q_scale=1.0, out=None, need_lse=True):
     from flashinfer.mla import trtllm_batch_decode_sparse_mla_dsv4
 
     T, H, _ = q.shape
-    result = torch.empty(T, H, 512, dtype=torch.bfloat16, device=q.device) if out is None else out
+    result = decode_output(q, out)
     if T == 0:
         return result, None
     Hp = trtllm_heads(H)
-    query, sinks = q, attn_sink
-    if Hp != H:
-        query = torch.zeros(T, Hp, 512, dtype=q.dtype, device=q.device)
-        query[:, :H] = q
-        if attn_sink is not None:
-            sinks = torch.full((Hp,), float("-inf"), dtype=torch.float32, device=q.device)
-            sinks[:H] = attn_sink
+    query, sinks = pad_heads(q, attn_sink, Hp)
     swa_lens = topk_lens if topk_lens is not None else torch.full((T,), SWA_WIDTH, dtype=torch.int32, device=q.device)
     if extra_kv_cache is not None:
         table = torch.cat([indices, extra_indices], dim=1)
@@ -67,7 +59,7 @@ def decode_trtllm(q, kv_cache, indices, topk_lens=None, *, layout, block_size, s
         compressed = extra_kv_cache
     else:
         table, extra_lens, compressed = indices, torch.zeros_like(swa_lens), kv_cache
-    kv_s, q_s = _as_float(kv_scale), _as_float(q_scale)
+    kv_s, q_s = as_float(kv_scale), as_float(q_scale)
     per_tensor = layout == "fp8_per_tensor"
     o = trtllm_batch_decode_sparse_mla_dsv4(
         query.unsqueeze(1), kv_cache.unsqueeze(1), _workspace(q.device),
@@ -86,7 +78,7 @@ def decode_sm120(q, kv_cache, indices, topk_lens=None, *, layout, block_size, so
     from flashinfer.mla._sparse_mla_sm120 import sparse_mla_sm120_decode_dsv4
 
     T, H, _ = q.shape
-    result = torch.empty(T, H, 512, dtype=torch.bfloat16, device=q.device) if out is None else out
+    result = decode_output(q, out)
     lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
     if T == 0:
         return result, lse if need_lse else None

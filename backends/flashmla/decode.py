@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from dsv4ops import formats
+from dsv4ops.backend_support import decode_output, pad_heads
 
 
 def padded_heads(H: int) -> int:
@@ -28,16 +29,9 @@ def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_siz
 
     T, H, _ = q.shape
     if T == 0:
-        out = torch.empty(0, H, 512, dtype=torch.bfloat16, device=q.device) if out is None else out
-        return out, torch.empty(0, H, dtype=torch.float32, device=q.device) if need_lse else None
+        return decode_output(q, out), torch.empty(0, H, dtype=torch.float32, device=q.device) if need_lse else None
     Hp = padded_heads(H)
-    q_p, sink_p = q, attn_sink
-    if Hp != H:
-        q_p = torch.zeros(T, Hp, 512, dtype=q.dtype, device=q.device)
-        q_p[:, :H] = q
-        if attn_sink is not None:
-            sink_p = torch.full((Hp,), float("-inf"), dtype=torch.float32, device=q.device)
-            sink_p[:H] = attn_sink
+    q_p, sink_p = pad_heads(q, attn_sink, Hp)
     extra = {}
     if extra_kv_cache is not None:
         extra = dict(extra_k_cache=cache_view(extra_kv_cache, extra_block_size),

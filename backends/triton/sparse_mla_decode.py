@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from dsv4ops import formats
+from dsv4ops.backend_support import decode_output
 from dsv4ops.platform import multiprocessors, platform
 
 from .common import load_scalar, scalar_arg, ue8m0_decode
@@ -183,7 +184,7 @@ def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_siz
                       attn_sink=None, extra_kv_cache=None, extra_indices=None, extra_topk_lens=None,
                       extra_block_size=None, kv_scale=1.0, q_scale=1.0, out=None, need_lse=True):
     T, H, _ = q.shape
-    out = torch.empty(T, H, 512, dtype=torch.bfloat16, device=q.device) if out is None else out
+    out = decode_output(q, out)
     lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
     if T == 0:
         return out, lse if need_lse else None
