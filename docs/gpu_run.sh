@@ -16,7 +16,7 @@ python3 -m dsv4ops.cli bench --json "$out/bench.json" 2>&1 | tee "$out/bench.txt
 python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_large_addressing.py" "$repo/tests/test_cuda_graphs.py" \
   "$repo/tests/test_example.py" "$repo/tests/test_torch_ops.py" 2>&1 | tail -25 | tee "$out/pytest_gpu.txt"
 python3 -m dsv4ops.examples.decode_step --device cuda --tokens 64 --heads 64 --context 4096 --time --settings \
-  auto triton reference "sparse_mla_decode=flashmla,paged_mqa_logits=deepgemm,fp8_einsum=deepgemm,*=triton" 2>&1 \
+  auto triton "sparse_mla_decode=flashmla,paged_mqa_logits=deepgemm,fp8_einsum=deepgemm,*=triton" reference 2>&1 \
   | tee "$out/example.txt"
 [ "${SWEEP:-0}" = 1 ] && bash "$repo/docs/perf/sweep_decode.sh" "$out/sweep_decode.txt"
 exit 0
