@@ -19,6 +19,9 @@ ENTRY_POINT_GROUP = "dsv4ops.backends"
 
 # A capability check returns None when it accepts, else the reason it declines.
 Check = Callable[[Platform, Any], "str | None"]
+# A preference adjusts an implementation's priority for a call (measured crossovers, e.g. few heads);
+# like a check it may only look at the call's signature, including ``call.size_class``.
+Preference = Callable[[Platform, Any], int]
 
 
 @dataclass
@@ -28,7 +31,11 @@ class Implementation:
     target: str | Callable
     priority: int
     supports: Check | None = None
+    prefer: Preference | None = None
     _fn: Callable | None = field(default=None, repr=False)
+
+    def priority_for(self, plat: Platform, call) -> int:
+        return self.priority + (self.prefer(plat, call) if self.prefer else 0)
 
     @property
     def fn(self) -> Callable:
@@ -59,8 +66,9 @@ class Backend:
     implementations: dict[str, Implementation] = field(default_factory=dict)
     _probed: tuple[bool, str | None] | None = field(default=None, repr=False)
 
-    def implements(self, op: str, target: str | Callable, *, priority: int, supports: Check | None = None):
-        impl = Implementation(op, self, target, priority, supports)
+    def implements(self, op: str, target: str | Callable, *, priority: int, supports: Check | None = None,
+                   prefer: Preference | None = None):
+        impl = Implementation(op, self, target, priority, supports, prefer)
         self.implementations[op] = impl
         _register(impl)
         return impl

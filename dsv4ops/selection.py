@@ -33,6 +33,12 @@ class OpCall:
     device: torch.device
     signature: tuple = field(default=())
 
+    @property
+    def size_class(self) -> int:
+        """``bit_length`` of the leading (token / row / batch) size: 0, 1, 2-3, 4-7, ... -> 0, 1, 2, 3.
+        Part of the signature, so decisions may depend on it and stay cached per class."""
+        return _size_class(self.kwargs)
+
     def __getattr__(self, name: str) -> Any:
         try:
             return self.__dict__["kwargs"][name]
@@ -40,9 +46,14 @@ class OpCall:
             raise AttributeError(name) from None
 
 
+def _size_class(kwargs: dict) -> int:
+    first = next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
+    return int(first.shape[0]).bit_length() if first is not None and first.dim() else 0
+
+
 def signature_of(kwargs: dict) -> tuple:
     """The part of the arguments that capability checks may depend on (see module doc)."""
-    items = []
+    items = [("size_class", _size_class(kwargs))]
     for name, value in kwargs.items():
         if isinstance(value, torch.Tensor):
             items.append((name, value.dtype, value.device.type, tuple(value.shape[1:]), value.dim()))
@@ -137,7 +148,8 @@ class Decision:
 def decide(call: OpCall, backend: str | None = None) -> Decision:
     """Pick the implementation for ``call`` without raising (the error, if any, is in the Decision)."""
     plat = platform(call.device)
-    impls = registry.implementations(call.op)
+    priorities = {i.backend.name: i.priority_for(plat, call) for i in registry.implementations(call.op)}
+    impls = sorted(registry.implementations(call.op), key=lambda i: -priorities[i.backend.name])
     reasons = {i.backend.name: i.decline_reason(plat, call) for i in impls}
 
     if backend is not None:
@@ -177,7 +189,7 @@ def decide(call: OpCall, backend: str | None = None) -> Decision:
             status = f"available, excluded by {source}"
         else:
             status = "available, lower priority" if source == "priority" else "available, later in the list"
-        candidates.append(Candidate(name, impl.priority, status))
+        candidates.append(Candidate(name, priorities[name], status))
     return Decision(call.op, plat, source, selected, candidates, error)
 
 

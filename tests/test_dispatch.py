@@ -195,3 +195,19 @@ def test_fast_path_skips_validation_only_for_known_structures(fakes, monkeypatch
     monkeypatch.setenv("DSV4OPS_DEBUG", "1")
     dsv4ops.indexer_topk(**kw)
     assert len(validated) == 5                                   # debug: always validated
+
+
+def test_preference_by_heads_and_size_class():
+    """The Triton decode outranks FlashMLA on sm90 for few heads and up to 255 tokens (measured)."""
+    from dsv4ops.conformance.cases import Case
+    from dsv4ops.ops import OPS
+    triton = registry.get_backend("triton").implementations["sparse_mla_decode"]
+
+    def priority(T, H):
+        kw = Case("sparse_mla_decode", tuple(sorted(dict(T=T, H=H, topk=32, layout="fp8_ds_mla").items()))).build("cpu", 0)
+        return triton.priority_for(dsv4ops.platform(), OPS["sparse_mla_decode"].validate(**kw))
+
+    with dsv4ops.simulate_platform("cuda", "sm90"):
+        assert priority(T=8, H=16) == 110 and priority(T=8, H=64) == 50 and priority(T=256, H=16) == 50
+    with dsv4ops.simulate_platform("cuda", "sm100"):
+        assert priority(T=8, H=16) == 50

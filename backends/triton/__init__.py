@@ -28,8 +28,15 @@ def fp8_flavour_matches(plat: Platform, call) -> str | None:
 _P = "dsv4ops.backends.triton"
 BACKEND.implements("qnorm_rope_kv_insert", f"{_P}.qnorm_rope_kv_insert:qnorm_rope_kv_insert", priority=50,
                    supports=all_of(runs_here, fp8_flavour_matches))
+def few_heads_on_hopper(plat: Platform, call) -> int:
+    """Measured on the H100 (docs/perf/H100.md, sweep): with H <= 16 heads FlashMLA pads to 64 and
+    this kernel is 1.0-1.5x faster up to T = 128 tokens (0.8x at T = 512). Outrank it there."""
+    few_heads = call.q.shape[1] <= 16
+    return 60 if plat.key == ("cuda", "sm90") and few_heads and call.size_class <= 8 else 0
+
+
 BACKEND.implements("sparse_mla_decode", f"{_P}.sparse_mla_decode:sparse_mla_decode", priority=50,
-                   supports=all_of(runs_here, fp8_flavour_matches))
+                   supports=all_of(runs_here, fp8_flavour_matches), prefer=few_heads_on_hopper)
 
 
 def next_n_power_of_two(plat: Platform, call) -> str | None:
