@@ -1,0 +1,21 @@
+"""Run each Triton kernel at a production shape twice (warm-up, then the profiled launch), for
+``ncu`` (see docs/perf/profile.sh). Usage: python docs/perf/profile_triton.py"""
+import torch
+
+import dsv4ops
+from dsv4ops.conformance.cases import _case
+
+CASES = [
+    _case("sparse_mla_decode", "full", T=128, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512,
+          extra_block_size=64, lens="full"),
+    _case("paged_mqa_logits", "full", B=128, next_n=1, context=32768, H=64, block_size=64),
+    _case("fp8_einsum", "full", B=1024, H=8, D=1024, R=4096),
+    _case("indexer_topk", "full", R=128, W=32768, k=512, mode="decode2d"),
+]
+
+for case in CASES:
+    kwargs = case.build("cuda", seed=0)
+    for _ in range(2):
+        dsv4ops.dispatch(case.op, **kwargs, backend="triton")
+    torch.cuda.synchronize()
+    print("ran", case.id, flush=True)
