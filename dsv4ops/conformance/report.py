@@ -60,7 +60,10 @@ def verified_table(folder: Path) -> str:
                 rows.append((backend, op, data["meta"]["device"], data["meta"]["tier"], _text(cell), path.name))
     return ("# What was verified where\n\nGenerated from `docs/conformance/*.json` by "
             "`python -m dsv4ops.conformance.report docs/conformance`. The reference and the Triton backend "
-            "(interpreter) also run the quick tier in CI on every change. Anything not listed is unverified.\n\n"
+            "(interpreter) also run the quick tier in CI on every change. The flashinfer and aiter adapters "
+            "are exercised only by contract tests in CI (tests/test_vendor_contracts.py: the adapter code "
+            "against fakes of the vendors' documented semantics, on simulated platforms); they have not run "
+            "on hardware. Anything not listed is unverified.\n\n"
             "```\n" + render_table(("backend", "op", "device", "tier", "result", "artifact"), rows) + "\n```\n")
 
 
