@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Sweep the Triton einsum / top-k / logits tunables on the production shapes (after docs/gpu_run.sh
+# installed the wheels): PYTHONPATH=/tmp/site bash docs/perf/sweep_tunables.sh LOG
+log=${1:-/tmp/sweep_tunables.txt}
+run() {  # op, config
+  echo "== $1 $2" | tee -a "$log"
+  DSV4OPS_TRITON_TUNING=$2 timeout 150 python3 -m dsv4ops.cli bench --ops "$1" --backends triton 2>&1 \
+    | grep -E " us |Error|wrong" | tee -a "$log"
+}
+for c in einsum_block_m=64,einsum_block_n=128,einsum_warps=4,einsum_stages=4 \
+         einsum_block_m=128,einsum_block_n=128,einsum_warps=8,einsum_stages=3 \
+         einsum_block_m=128,einsum_block_n=128,einsum_warps=4,einsum_stages=3 \
+         einsum_block_m=128,einsum_block_n=256,einsum_warps=8,einsum_stages=3 \
+         einsum_block_m=64,einsum_block_n=256,einsum_warps=8,einsum_stages=3 \
+         einsum_block_m=64,einsum_block_n=128,einsum_warps=4,einsum_stages=3; do run fp8_einsum $c; done
+for c in topk_block=2048,topk_warps=8 topk_block=4096,topk_warps=16 topk_block=8192,topk_warps=16 \
+         topk_block=4096,topk_warps=8 topk_block=1024,topk_warps=4; do run indexer_topk $c; done
+for c in logits_block_t=64,logits_warps=4 logits_block_t=128,logits_warps=4 logits_block_t=128,logits_warps=8 \
+         logits_block_t=32,logits_warps=4 logits_block_t=64,logits_warps=8; do run paged_mqa_logits $c; done
