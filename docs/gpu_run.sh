@@ -6,7 +6,7 @@
 #   bash docs/gpu_run.sh OUTDIR          (SWEEP=1 also sweeps the Triton decode tunables)
 set -uo pipefail
 out=${1:-/tmp/out}; mkdir -p "$out"; repo=$PWD
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 cd /tmp   # import the installed wheel (with its entry points), not the checkout
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -m dsv4ops.cli info; } 2>&1 | tee "$out/info.txt"
