@@ -109,14 +109,19 @@ class Ceilings:
     fp8_tflops: float       # 8192^3 fp8 matmul (torch._scaled_mm), 0 if unavailable
 
 
+def _copy_gbps(device, nbytes: int = 1 << 30) -> float:
+    import triton.testing
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=10, rep=100, return_mode="median")
+    return 2 * nbytes / ms / 1e6
+
+
 def measure_ceilings(device) -> Ceilings:
     import triton.testing
 
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=10, rep=100, return_mode="median")
-    copy = 2 * src.numel() / ms / 1e6
-    del src, dst
+    copy = _copy_gbps(device)
     n = 8192
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)

@@ -220,11 +220,6 @@ def select(call: OpCall, backend: str | None = None) -> registry.Implementation:
     return decision.selected
 
 
-def run(call: OpCall, backend: str | None = None):
-    """Select and run the implementation for a validated call."""
-    return select(call, backend).fn(**call.kwargs)
-
-
 # Fast path. Structural validation and selection depend only on the arguments' structure (dtype,
 # device, shape, strides; scalar values), so for accelerator tensors, where value checks run only
 # with DSV4OPS_DEBUG=1, a call whose structure was seen before goes straight to the implementation.

@@ -1,9 +1,6 @@
-import os
-
 import pytest
 import torch
 
-import dsv4ops
 from dsv4ops import selection
 
 

@@ -3,7 +3,6 @@ with an eager run on those values (no host sync, no allocation that changes betw
 import pytest
 import torch
 
-import dsv4ops
 from dsv4ops.examples.decode_step import make_layer, run_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

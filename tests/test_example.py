@@ -1,6 +1,5 @@
 """The example decode step (dsv4ops.examples.decode_step) matches the all-reference pipeline."""
 import pytest
-import torch
 
 import dsv4ops
 from dsv4ops.examples.decode_step import compare_to_reference, make_layer

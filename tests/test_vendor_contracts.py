@@ -2,7 +2,6 @@
 to end against a fake of the vendor entry point (tests/fakes), judged by the conformance rules on
 a simulated platform; and the capability checks decline where the vendor kernel cannot run."""
 import pytest
-import torch
 
 import dsv4ops
 from dsv4ops import registry

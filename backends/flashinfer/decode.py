@@ -19,7 +19,6 @@ import math
 
 import torch
 
-from dsv4ops import formats
 from dsv4ops.backend_support import decode_output, pad_heads
 from dsv4ops.quant import as_float
 
@@ -105,6 +104,3 @@ def decode_sm120(q, kv_cache, indices, topk_lens=None, *, layout, block_size, so
         return result, None
     return result, lse.masked_fill_(lse == float("-inf"), float("inf"))    # lonely rows: +inf
 
-
-def is_ds_mla_ocp(layout: str) -> bool:
-    return formats.is_ds_mla(layout) and formats.fp8_flavour(layout) == "ocp"

@@ -10,7 +10,6 @@ import functools
 import os
 from dataclasses import dataclass
 
-import torch
 
 from dsv4ops.platform import Platform
 
