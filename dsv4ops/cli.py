@@ -58,7 +58,7 @@ def cmd_check(args) -> int:
     cells = summarize(results)
     plat = platform(device)
     rows = [(name, *(cells.get((name, op)).text if (name, op) in cells else "-" for op in ops)) for name in names]
-    print(f"conformance, tier {args.tier}, on {plat}")
+    print(f"conformance, tier {args.tier}, on {plat} ('-': the backend does not implement the op)")
     print(render_table(("backend", *ops), rows))
     failures = [r for r in results if r.status in ("fail", "error")]
     for r in failures:

@@ -44,7 +44,9 @@ class Cell:
         if self.passed:
             extra = f", {self.skipped} skipped" if self.skipped else ""
             return f"pass {self.passed}{extra} (worst {self.worst:.3g})"
-        return f"skipped: {self.reason}" if self.skipped else "-"
+        if not self.skipped or "not registered" in self.reason:
+            return "-"
+        return f"skipped: {self.reason}"
 
 
 def summarize(results: list[Result]) -> dict[tuple[str, str], Cell]:
