@@ -11,6 +11,7 @@ from .selection import Decision, decide
 from .errors import ConfigError, Dsv4opsError, InputError, UnsupportedError
 from .ops import OP_NAMES, OPS, fp8_einsum, indexer_topk, paged_mqa_logits, qnorm_rope_kv_insert, sparse_mla_decode
 from .platform import Platform, platform, simulate_platform
+from .prepared import PreparedOp, prepare
 from .registry import Backend, BackendInfo
 from . import backends, reference   # backends() lists them; backends.<vendor> are packages
 
@@ -36,7 +37,7 @@ def explain(op_name: str, *args, backend: str | None = None, **kwargs) -> Decisi
 
 __all__ = [
     "qnorm_rope_kv_insert", "sparse_mla_decode", "paged_mqa_logits", "fp8_einsum", "indexer_topk",
-    "dispatch", "explain", "backends", "platform", "simulate_platform", "formats", "reference",
+    "dispatch", "explain", "prepare", "PreparedOp", "backends", "platform", "simulate_platform", "formats", "reference",
     "Decision", "Platform", "Backend", "BackendInfo", "OP_NAMES",
     "Dsv4opsError", "InputError", "UnsupportedError", "ConfigError",
 ]

@@ -249,8 +249,10 @@ def _line(t: Timing) -> str:
 # Dispatch overhead
 
 def dispatch_overhead(device, calls: int = 2000) -> dict[str, dict]:
-    """Host µs per call of ``dsv4ops.<op>`` vs the selected implementation called directly (tiny
-    shapes, so the host, not the GPU, is the bottleneck)."""
+    """Host µs per call of ``dsv4ops.<op>``, of a prepared call's ``run`` (``dsv4ops.prepare``) and
+    of the selected implementation called directly (tiny shapes: the host is the bottleneck)."""
+    from .prepared import prepare
+
     tiny = {
         "qnorm_rope_kv_insert": dict(T=1, H=8, layout="fp8_ds_mla", block_size=64, num_blocks=1),
         "sparse_mla_decode": dict(T=1, H=8, topk=64, layout="fp8_ds_mla", extra_topk=64, extra_block_size=64),
@@ -264,8 +266,9 @@ def dispatch_overhead(device, calls: int = 2000) -> dict[str, dict]:
         module = ops.OPS[op]
         impl = decide(module.validate(**kw)).selected
         public = getattr(module, op)
+        prepared = prepare(op, **kw)
         per_call = []
-        for fn in (lambda: public(**kw), lambda: impl.fn(**kw)):
+        for fn in (lambda: public(**kw), lambda: prepared.run(**kw), lambda: impl.fn(**kw)):
             fn()
             _sync(device)
             start = time.perf_counter()
@@ -273,8 +276,9 @@ def dispatch_overhead(device, calls: int = 2000) -> dict[str, dict]:
                 fn()
             per_call.append((time.perf_counter() - start) * 1e6 / calls)
             _sync(device)
-        result[op] = dict(backend=impl.backend.name, dsv4ops_us=per_call[0], direct_us=per_call[1],
-                          overhead_us=per_call[0] - per_call[1])
+        result[op] = dict(backend=impl.backend.name, dsv4ops_us=per_call[0], prepared_us=per_call[1],
+                          direct_us=per_call[2], overhead_us=per_call[0] - per_call[2],
+                          prepared_overhead_us=per_call[1] - per_call[2])
     return result
 
 
@@ -340,7 +344,8 @@ def main(args) -> int:
     overhead = dispatch_overhead(device) if on_gpu else {}
     for op, o in overhead.items():
         print(f"dispatch overhead {op:22s} {o['backend']:9s} dsv4ops {o['dsv4ops_us']:6.1f} us, "
-              f"direct {o['direct_us']:6.1f} us, overhead {o['overhead_us']:5.1f} us")
+              f"prepared {o['prepared_us']:6.1f} us, direct {o['direct_us']:6.1f} us: overhead "
+              f"{o['overhead_us']:5.1f} us ({o['prepared_overhead_us']:5.1f} us prepared)")
     plat = platform(device)
     if args.json:
         with open(args.json, "w") as f:
