@@ -1,6 +1,13 @@
 """ROCm AITER (``aiter``): sparse MLA decode (Triton/Gluon) and per-row top-k (HIP) on gfx942 /
-gfx950. AITER's paged MQA logits and FP8 batched GEMM are not adapted yet (their entry points'
-argument contracts are not pinned down here); the Triton backend serves those ops on ROCm."""
+gfx950.
+
+Not routed to AITER, because its kernels read other layouts than the dsv4ops contracts (a copy
+per call would cost more than the Triton backend, which serves these ops on ROCm):
+paged MQA logits (``aiter.ops.triton.attention.pa_mqa_logits``) reads per-token 132-byte records
+``[blocks, 1, 1, D + 4]``, while the dsv4ops index cache stores each page's fp8 values before its
+scales (DeepGEMM's layout); its batched FP8 GEMMs scale activations per token group or per MX
+block and weights per batched tensor, not the 128 x 128 fp32 blocks of ``fp8_einsum``.
+"""
 from dsv4ops.backend_support import all_of, arch_in, import_probe
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
