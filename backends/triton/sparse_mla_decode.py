@@ -171,13 +171,14 @@ def _combine_kernel(part_o_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr, H, n_s
     _finish(o, lse, empty, heads, live, t, H, sink_ptr, out_ptr, lse_ptr, HAS_SINK)
 
 
-def choose_splits(T: int, head_blocks: int, index_blocks: int, device: torch.device) -> int:
-    """Split the index list only when T x head blocks leaves most multiprocessors idle."""
+def choose_splits(T: int, head_blocks: int, index_blocks: int, device: torch.device, waves: int) -> int:
+    """Split the index list only when T x head blocks leaves most multiprocessors idle, aiming at
+    ``waves`` programs per multiprocessor (one program fits per SM at 64 heads: docs/perf)."""
     programs = T * head_blocks
     sms = multiprocessors(device)
     if programs >= sms or index_blocks <= 1:
         return 1
-    return max(1, min(index_blocks, triton.cdiv(2 * sms, programs)))
+    return max(1, min(index_blocks, (waves * sms) // programs))
 
 
 def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_size, softmax_scale,
@@ -198,7 +199,7 @@ def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_siz
     x_page = formats.ds_mla_page_bytes(extra_block_size) if has_extra and kind == LAYOUT_DS_MLA else 0
     index_blocks = triton.cdiv(topk, BLOCK_K) + triton.cdiv(x_topk, BLOCK_K)
     head_blocks = triton.cdiv(H, BLOCK_H)
-    splits = choose_splits(T, head_blocks, index_blocks, q.device)
+    splits = choose_splits(T, head_blocks, index_blocks, q.device, tune.decode_waves)
     per_split = triton.cdiv(index_blocks, splits)
     splits = triton.cdiv(index_blocks, per_split) if index_blocks else 1
     part_o = part_lse = out                     # unused placeholders when not splitting

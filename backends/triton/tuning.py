@@ -20,6 +20,7 @@ class Tuning:
     decode_block_k: int = 32        # cache rows per step
     decode_warps: int = 8
     decode_stages: int = 1
+    decode_waves: int = 2           # split the index list until about this many programs per SM
     logits_block_t: int = 64        # compressed tokens per program
     logits_warps: int = 4
     einsum_block_m: int = 64
@@ -32,12 +33,13 @@ class Tuning:
 
 
 _TABLE = {
-    # docs/perf/H100.md (sweep_decode.sh, sweep_tunables.sh): decode 64 heads x 32 rows per step;
-    # logits 128 tokens per program (62 -> 52 us at B=128, 8K); top-k 8192-wide chunks on 16 warps
-    # (172 -> 144 us); the einsum's first choice stayed best.
-    ("cuda", "sm90"): Tuning(decode_block_h=64, decode_block_k=32, decode_warps=8, einsum_block_m=64,
-                             einsum_block_n=128, einsum_stages=4, logits_block_t=128, topk_block=8192,
-                             topk_warps=16),
+    # docs/perf/H100.md (sweep_decode.sh, sweep_tunables.sh): decode 64 heads x 32 rows per step,
+    # split only up to one wave (T=128 H=64: 124 -> 82 us); logits 128 tokens per program
+    # (62 -> 52 us at B=128, 8K); top-k 8192-wide chunks on 16 warps (172 -> 144 us); the einsum's
+    # first choice stayed best.
+    ("cuda", "sm90"): Tuning(decode_block_h=64, decode_block_k=32, decode_warps=8, decode_waves=1,
+                             einsum_block_m=64, einsum_block_n=128, einsum_stages=4, logits_block_t=128,
+                             topk_block=8192, topk_warps=16),
     ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, topk_block=256, logits_block_t=16,
                           einsum_block_m=16, einsum_block_n=128),
 }
