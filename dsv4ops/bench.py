@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from . import ops, registry
-from .conformance.cases import Case, _case
+from .conformance.cases import Case, make_case
 from .conformance.compare import RULES
 from .selection import decide
 
@@ -27,7 +27,7 @@ from .selection import decide
 
 
 def production_cases() -> list[Case]:
-    c = lambda op, **kw: _case(op, "full", **kw)
+    c = lambda op, **kw: make_case(op, "full", **kw)
     return [
         c("qnorm_rope_kv_insert", T=128, H=64, layout="fp8_ds_mla", block_size=64, num_blocks=8),
         c("qnorm_rope_kv_insert", T=128, H=128, layout="fp8_ds_mla", block_size=64, num_blocks=8),
@@ -49,7 +49,7 @@ def production_cases() -> list[Case]:
 
 
 def sweep_cases() -> list[Case]:
-    c = lambda op, **kw: _case(op, "full", **kw)
+    c = lambda op, **kw: make_case(op, "full", **kw)
     out = [c("sparse_mla_decode", T=T, H=H, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64,
              lens="full") for H in (16, 64, 128) for T in (1, 8, 32, 128, 512)]
     out += [c("paged_mqa_logits", B=B, next_n=1, context=ctx, H=64, block_size=64)
@@ -262,7 +262,7 @@ def dispatch_overhead(device, calls: int = 2000) -> dict[str, dict]:
     }
     result = {}
     for op, params in tiny.items():
-        kw = _case(op, "quick", **params).build(device, seed=0)
+        kw = make_case(op, "quick", **params).build(device, seed=0)
         module = ops.OPS[op]
         impl = decide(module.validate(**kw)).selected
         public = getattr(module, op)
@@ -333,7 +333,7 @@ def main(args) -> int:
         case_list = [c for c in case_list if c.op in args.ops.split(",")]
     on_gpu = device.type == "cuda"
     if not on_gpu and args.tiny:
-        case_list = [_case("indexer_topk", "quick", R=4, W=128, k=16, mode="decode2d")]
+        case_list = [make_case("indexer_topk", "quick", R=4, W=128, k=16, mode="decode2d")]
     if args.overhead:
         case_list = []
     ceilings = measure_ceilings(device) if on_gpu and case_list else None

@@ -199,12 +199,12 @@ def test_fast_path_skips_validation_only_for_known_structures(fakes, monkeypatch
 
 def test_preference_by_heads_and_size_class():
     """The Triton decode outranks FlashMLA on sm90 for few heads and up to 255 tokens (measured)."""
-    from dsv4ops.conformance.cases import Case
+    from dsv4ops.conformance.cases import make_case
     from dsv4ops.ops import OPS
     triton = registry.get_backend("triton").implementations["sparse_mla_decode"]
 
     def priority(T, H):
-        kw = Case("sparse_mla_decode", tuple(sorted(dict(T=T, H=H, topk=32, layout="fp8_ds_mla").items()))).build("cpu", 0)
+        kw = make_case("sparse_mla_decode", **dict(T=T, H=H, topk=32, layout="fp8_ds_mla")).build("cpu", 0)
         return triton.priority_for(dsv4ops.platform(), OPS["sparse_mla_decode"].validate(**kw))
 
     with dsv4ops.simulate_platform("cuda", "sm90"):

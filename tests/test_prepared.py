@@ -3,11 +3,11 @@ import pytest
 import torch
 
 import dsv4ops
-from dsv4ops.conformance.cases import Case
+from dsv4ops.conformance.cases import make_case
 
 
 def build(**params):
-    return Case("sparse_mla_decode", tuple(sorted(params.items()))).build("cpu", seed=2)
+    return make_case("sparse_mla_decode", **params).build("cpu", seed=2)
 
 
 def test_prepared_call_matches_dispatch_and_rejects_other_structures():

@@ -5,13 +5,13 @@ import torch
 
 import dsv4ops
 import dsv4ops.torch_ops  # noqa: F401  (registers torch.ops.dsv4ops)
-from dsv4ops.conformance.cases import Case
+from dsv4ops.conformance.cases import make_case
 
 OPS = torch.ops.dsv4ops
 
 
 def build(op, **params):
-    return Case(op, tuple(sorted(params.items()))).build("cpu", seed=4)
+    return make_case(op, **params).build("cpu", seed=4)
 
 
 def sample_calls():

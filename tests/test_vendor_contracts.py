@@ -6,7 +6,7 @@ import pytest
 import dsv4ops
 from dsv4ops import registry
 from dsv4ops.conformance import cases, run_case
-from dsv4ops.conformance.cases import Case
+from dsv4ops.conformance.cases import make_case
 
 from fakes import flashinfer as fake_flashinfer
 
@@ -37,7 +37,7 @@ def test_flashinfer_trtllm_decode_contract(flashinfer):
     skipped = {r.case.id: r.message for r in results if r.status == "skip"}
     assert any("need_lse=False" in m for m in skipped.values())
     assert any("layout 'fp8_ds_mla'" in m for m in skipped.values())
-    narrow = Case("sparse_mla_decode", tuple(sorted(dict(T=2, H=8, topk=64, layout="bf16", need_lse=False).items())))
+    narrow = make_case("sparse_mla_decode", **dict(T=2, H=8, topk=64, layout="bf16", need_lse=False))
     with dsv4ops.simulate_platform("cuda", "sm100"):
         assert "SWA index width 64 != 128" in run_case(narrow, "flashinfer", "cpu").message
 
@@ -54,8 +54,7 @@ def test_flashinfer_topk_contract(flashinfer):
 
 
 def test_flashinfer_decode_declines_on_sm90(flashinfer):
-    kw = Case("sparse_mla_decode", tuple(sorted(dict(T=2, H=8, topk=128, layout="bf16", need_lse=False).items()))
-              ).build("cpu", 0)
+    kw = make_case("sparse_mla_decode", T=2, H=8, topk=128, layout="bf16", need_lse=False).build("cpu", 0)
     with dsv4ops.simulate_platform("cuda", "sm90"):
         d = dsv4ops.explain("sparse_mla_decode", **kw, backend="flashinfer")
         assert d.selected is None
@@ -67,7 +66,7 @@ def test_flashinfer_decode_declines_on_sm90(flashinfer):
 def test_flashmla_sm100_topk_tiles():
     """On SM100 FlashMLA walks h128 index lists in tiles of 128: a 64-wide list is declined there."""
     from dsv4ops.backends.flashmla import topk_multiple
-    kw = Case("sparse_mla_decode", tuple(sorted(dict(T=1, H=128, topk=64, layout="fp8_ds_mla").items()))).build("cpu", 0)
+    kw = make_case("sparse_mla_decode", **dict(T=1, H=128, topk=64, layout="fp8_ds_mla")).build("cpu", 0)
     call = dsv4ops.OPS["sparse_mla_decode"].validate(**kw)
     with dsv4ops.simulate_platform("cuda", "sm100"):
         assert "multiple of 128" in topk_multiple(dsv4ops.platform(), call)
@@ -83,8 +82,7 @@ def test_deepgemm_contract(monkeypatch, generation):
     monkeypatch.setattr(backend, "_probed", None)
     try:
         ran, _ = _run_all("paged_mqa_logits", "deepgemm", "sm90")
-        full = [Case("paged_mqa_logits", tuple(sorted(dict(B=3, next_n=n, context=200, H=64, block_size=64,
-                                                             lens_dim=d, clean=cl).items())))
+        full = [make_case("paged_mqa_logits", B=3, next_n=n, context=200, H=64, block_size=64, lens_dim=d, clean=cl)
                 for n in (1, 2) for d in (1, 2) for cl in (False, True)]
         with dsv4ops.simulate_platform("cuda", "sm90"):
             results = [run_case(c, "deepgemm", "cpu", seed=5) for c in full]
@@ -100,7 +98,7 @@ def test_deepgemm_declines_sm100_until_adapted(monkeypatch):
     fake_deep_gemm.install(monkeypatch)
     backend = registry.get_backend("deepgemm")
     monkeypatch.setattr(backend, "_probed", None)
-    kw = Case("fp8_einsum", tuple(sorted(dict(B=2, H=2, D=128, R=512).items()))).build("cpu", 0)
+    kw = make_case("fp8_einsum", **dict(B=2, H=2, D=128, R=512)).build("cpu", 0)
     try:
         with dsv4ops.simulate_platform("cuda", "sm100"):
             status = {c.backend: c.status for c in dsv4ops.explain("fp8_einsum", **kw).candidates}
@@ -149,7 +147,7 @@ def test_aiter_topk_contract(aiter):
 
 def test_explain_on_simulated_rocm_and_xpu():
     """What a gfx942 or XPU box would run, and why (the vendor libraries are absent here)."""
-    kw = Case("indexer_topk", tuple(sorted(dict(R=4, W=128, k=16, mode="decode2d").items()))).build("cpu", 0)
+    kw = make_case("indexer_topk", **dict(R=4, W=128, k=16, mode="decode2d")).build("cpu", 0)
     with dsv4ops.simulate_platform("rocm", "gfx942"):
         status = {c.backend: c.status for c in dsv4ops.explain("indexer_topk", **kw).candidates}
     assert status["aiter"].startswith("cannot import aiter") and "platform rocm" in status["flashinfer"]

@@ -50,109 +50,110 @@ class Case:
         return BUILDERS[self.op](device, gen, **self.kwargs)
 
 
-def _case(op, tier, **params) -> Case:
+def make_case(op: str, tier: str = "quick", **params) -> Case:
+    """A case of ``op`` with the given input-builder parameters (see conformance/inputs.py)."""
     return Case(op, tuple(sorted(params.items())), tier)
 
 
 def _qnorm(tier):
     if tier == "quick":
-        yield _case("qnorm_rope_kv_insert", tier, T=0, H=4, layout="fp8_ds_mla")
+        yield make_case("qnorm_rope_kv_insert", tier, T=0, H=4, layout="fp8_ds_mla")
         for layout, H, bs in itertools.product(LAYOUTS, (3, 16), (64, 16)):
-            yield _case("qnorm_rope_kv_insert", tier, T=5, H=H, layout=layout, block_size=bs, num_blocks=3,
+            yield make_case("qnorm_rope_kv_insert", tier, T=5, H=H, layout=layout, block_size=bs, num_blocks=3,
                         dp_pad=1 if H == 3 else 0, out=bs == 16)
         return
     heads = sorted({h for hs in HEADS_PER_RANK.values() for h in hs})
     for layout, H, T in itertools.product(LAYOUTS, heads, (1, 64)):
-        yield _case("qnorm_rope_kv_insert", tier, T=T, H=H, layout=layout, block_size=SWA_BLOCK, num_blocks=8)
-    yield _case("qnorm_rope_kv_insert", tier, T=300, H=64, layout="fp8_ds_mla", block_size=SWA_BLOCK,
+        yield make_case("qnorm_rope_kv_insert", tier, T=T, H=H, layout=layout, block_size=SWA_BLOCK, num_blocks=8)
+    yield make_case("qnorm_rope_kv_insert", tier, T=300, H=64, layout="fp8_ds_mla", block_size=SWA_BLOCK,
                 num_blocks=16, dp_pad=7, out=True)
 
 
 def _decode(tier):
     op = "sparse_mla_decode"
     if tier == "quick":
-        yield _case(op, tier, T=0, H=4, topk=64, layout="fp8_ds_mla")
+        yield make_case(op, tier, T=0, H=4, topk=64, layout="fp8_ds_mla")
         for layout in LAYOUTS:
-            yield _case(op, tier, T=3, H=5, topk=64, layout=layout, extra_topk=64, extra_block_size=C128_BLOCK)
+            yield make_case(op, tier, T=3, H=5, topk=64, layout=layout, extra_topk=64, extra_block_size=C128_BLOCK)
         for corner in ("all_invalid", "pad_middle", "duplicates", "zero_len"):
-            yield _case(op, tier, T=3, H=8, topk=32, layout="fp8_ds_mla", extra_topk=64,
+            yield make_case(op, tier, T=3, H=8, topk=32, layout="fp8_ds_mla", extra_topk=64,
                         extra_block_size=16, corner=corner)
-        yield _case(op, tier, T=2, H=16, topk=64, layout="fp8_ds_mla", sink="inf", lens="full", out=True)
-        yield _case(op, tier, T=2, H=3, topk=32, layout="fp8_ds_mla", sink=None, lens=None)
+        yield make_case(op, tier, T=2, H=16, topk=64, layout="fp8_ds_mla", sink="inf", lens="full", out=True)
+        yield make_case(op, tier, T=2, H=3, topk=32, layout="fp8_ds_mla", sink=None, lens=None)
         for layout in ("bf16", "fp8_per_tensor"):     # the SM100 TRTLLM-gen shape: 128 SWA + extra, no lse
-            yield _case(op, tier, T=3, H=8, topk=WINDOW, layout=layout, extra_topk=64, extra_block_size=C128_BLOCK,
+            yield make_case(op, tier, T=3, H=8, topk=WINDOW, layout=layout, extra_topk=64, extra_block_size=C128_BLOCK,
                         need_lse=False)
-        yield _case(op, tier, T=3, H=16, topk=64, layout="fp8_ds_mla", extra_topk=64, extra_block_size=C128_BLOCK,
+        yield make_case(op, tier, T=3, H=16, topk=64, layout="fp8_ds_mla", extra_topk=64, extra_block_size=C128_BLOCK,
                     need_lse=False)
-        yield _case(op, tier, T=2, H=8, topk=32, layout="bf16", sink="inf", need_lse=False)   # single segment
+        yield make_case(op, tier, T=2, H=8, topk=32, layout="bf16", sink="inf", need_lse=False)   # single segment
         return
     for model, heads in HEADS_PER_RANK.items():
         for H, T in itertools.product(heads, (8, 128)):
-            yield _case(op, tier, T=T, H=H, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK,
+            yield make_case(op, tier, T=T, H=H, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK,
                         extra_topk=INDEX_TOPK[model], extra_block_size=C4_BLOCK)
-        yield _case(op, tier, T=64, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK,
+        yield make_case(op, tier, T=64, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK,
                     extra_topk=128, extra_block_size=C128_BLOCK)           # C128 layer
-        yield _case(op, tier, T=32, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK)  # SWA only
+        yield make_case(op, tier, T=32, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK)  # SWA only
     for layout in ("bf16", "fp8_per_tensor"):
         for need_lse in (True, False):
-            yield _case(op, tier, T=64, H=64, topk=WINDOW, layout=layout, block_size=SWA_BLOCK, extra_topk=512,
+            yield make_case(op, tier, T=64, H=64, topk=WINDOW, layout=layout, block_size=SWA_BLOCK, extra_topk=512,
                         extra_block_size=C4_BLOCK, need_lse=need_lse)
     for corner in ("all_invalid", "pad_middle", "duplicates", "zero_len"):
-        yield _case(op, tier, T=16, H=64, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=512,
+        yield make_case(op, tier, T=16, H=64, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=512,
                     extra_block_size=C4_BLOCK, corner=corner)
-    yield _case(op, tier, T=16, H=128, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=1024,
+    yield make_case(op, tier, T=16, H=128, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=1024,
                 extra_block_size=C4_BLOCK, sink="inf", out=True)
 
 
 def _logits(tier):
     op = "paged_mqa_logits"
     if tier == "quick":
-        yield _case(op, tier, B=0, next_n=1, context=16, H=4, block_size=16)
+        yield make_case(op, tier, B=0, next_n=1, context=16, H=4, block_size=16)
         for next_n, lens_dim, clean in itertools.product((1, 2), (1, 2), (False, True)):
-            yield _case(op, tier, B=3, next_n=next_n, context=40, H=8, block_size=16, lens_dim=lens_dim,
+            yield make_case(op, tier, B=3, next_n=next_n, context=40, H=8, block_size=16, lens_dim=lens_dim,
                         clean=clean, scale_fmt="ue8m0" if clean else "fp32", out=next_n == 2)
         for corner in ("zero_len", "short", "padded_rows"):
-            yield _case(op, tier, B=3, next_n=2, context=24, H=8, block_size=16, corner=corner, clean=True)
+            yield make_case(op, tier, B=3, next_n=2, context=24, H=8, block_size=16, corner=corner, clean=True)
         return
     for B, next_n, context in itertools.product((4, 64), (1, 2), (2048, 8192)):
-        yield _case(op, tier, B=B, next_n=next_n, context=context, H=INDEX_HEADS, block_size=C4_BLOCK,
+        yield make_case(op, tier, B=B, next_n=next_n, context=context, H=INDEX_HEADS, block_size=C4_BLOCK,
                     lens_dim=2, scale_fmt="ue8m0")
-    yield _case(op, tier, B=8, next_n=1, context=4096, H=INDEX_HEADS, block_size=C4_BLOCK, lens_dim=1, clean=True)
+    yield make_case(op, tier, B=8, next_n=1, context=4096, H=INDEX_HEADS, block_size=C4_BLOCK, lens_dim=1, clean=True)
     for corner in ("zero_len", "short", "padded_rows"):
-        yield _case(op, tier, B=8, next_n=2, context=1024, H=INDEX_HEADS, block_size=C4_BLOCK, corner=corner,
+        yield make_case(op, tier, B=8, next_n=2, context=1024, H=INDEX_HEADS, block_size=C4_BLOCK, corner=corner,
                     clean=True)
 
 
 def _einsum(tier):
     op = "fp8_einsum"
     if tier == "quick":
-        yield _case(op, tier, B=0, H=2, D=128, R=256)
-        yield _case(op, tier, B=5, H=2, D=128, R=512)
-        yield _case(op, tier, B=3, H=3, D=256, R=256, group_major=True, out=True)
-        yield _case(op, tier, B=4, H=1, D=128, R=384, out_dtype=torch.float32)
+        yield make_case(op, tier, B=0, H=2, D=128, R=256)
+        yield make_case(op, tier, B=5, H=2, D=128, R=512)
+        yield make_case(op, tier, B=3, H=3, D=256, R=256, group_major=True, out=True)
+        yield make_case(op, tier, B=4, H=1, D=128, R=384, out_dtype=torch.float32)
         return
     groups = sorted({g for gs in O_GROUPS_PER_RANK.values() for g in gs})
     for G, B in itertools.product(groups, (1, 7, 128)):
-        yield _case(op, tier, B=B, H=G, D=O_LORA_RANK, R=O_GROUP_K, group_major=True)
-    yield _case(op, tier, B=1024, H=8, D=O_LORA_RANK, R=O_GROUP_K)
+        yield make_case(op, tier, B=B, H=G, D=O_LORA_RANK, R=O_GROUP_K, group_major=True)
+    yield make_case(op, tier, B=1024, H=8, D=O_LORA_RANK, R=O_GROUP_K)
 
 
 def _topk(tier):
     op = "indexer_topk"
     if tier == "quick":
-        yield _case(op, tier, R=0, W=64, k=16)
+        yield make_case(op, tier, R=0, W=64, k=16)
         for mode, data in itertools.product(("ranges", "decode1d", "decode2d"), ("random", "ties", "neg_inf")):
-            yield _case(op, tier, R=6, W=300, k=64, mode=mode, next_n=2 if mode != "ranges" else 1, data=data,
+            yield make_case(op, tier, R=6, W=300, k=64, mode=mode, next_n=2 if mode != "ranges" else 1, data=data,
                         out=data == "ties")
-        yield _case(op, tier, R=4, W=50, k=64, mode="ranges", corner="empty")         # k > W
-        yield _case(op, tier, R=4, W=128, k=32, mode="decode1d", next_n=2, corner="empty")
+        yield make_case(op, tier, R=4, W=50, k=64, mode="ranges", corner="empty")         # k > W
+        yield make_case(op, tier, R=4, W=128, k=32, mode="decode1d", next_n=2, corner="empty")
         return
     for model, k in INDEX_TOPK.items():
         for mode, next_n in (("decode2d", 1), ("decode2d", 2), ("decode1d", 2), ("ranges", 1)):
-            yield _case(op, tier, R=128, W=32768, k=k, mode=mode, next_n=next_n)
-        yield _case(op, tier, R=64, W=8192, k=k, mode="decode2d", data="ties")
-        yield _case(op, tier, R=64, W=4096, k=k, mode="ranges", data="neg_inf", corner="empty")
-    yield _case(op, tier, R=32, W=700, k=1024, mode="ranges")                       # k > W
+            yield make_case(op, tier, R=128, W=32768, k=k, mode=mode, next_n=next_n)
+        yield make_case(op, tier, R=64, W=8192, k=k, mode="decode2d", data="ties")
+        yield make_case(op, tier, R=64, W=4096, k=k, mode="ranges", data="neg_inf", corner="empty")
+    yield make_case(op, tier, R=32, W=700, k=1024, mode="ranges")                       # k > W
 
 
 _GENERATORS = {
@@ -176,12 +177,12 @@ def cases(op: str, tier: str = "quick") -> list[Case]:
 def typical_case(op: str) -> Case:
     """A small V4-Flash TP1 call of ``op`` (what ``dsv4ops info`` asks ``explain`` about)."""
     return {
-        "qnorm_rope_kv_insert": _case("qnorm_rope_kv_insert", "quick", T=4, H=64, layout="fp8_ds_mla",
+        "qnorm_rope_kv_insert": make_case("qnorm_rope_kv_insert", "quick", T=4, H=64, layout="fp8_ds_mla",
                                       block_size=SWA_BLOCK),
-        "sparse_mla_decode": _case("sparse_mla_decode", "quick", T=4, H=64, topk=WINDOW, layout="fp8_ds_mla",
+        "sparse_mla_decode": make_case("sparse_mla_decode", "quick", T=4, H=64, topk=WINDOW, layout="fp8_ds_mla",
                                    block_size=SWA_BLOCK, extra_topk=512, extra_block_size=C4_BLOCK),
-        "paged_mqa_logits": _case("paged_mqa_logits", "quick", B=2, next_n=1, context=256, H=INDEX_HEADS,
+        "paged_mqa_logits": make_case("paged_mqa_logits", "quick", B=2, next_n=1, context=256, H=INDEX_HEADS,
                                   block_size=C4_BLOCK),
-        "fp8_einsum": _case("fp8_einsum", "quick", B=4, H=8, D=O_LORA_RANK, R=O_GROUP_K),
-        "indexer_topk": _case("indexer_topk", "quick", R=4, W=1024, k=512, mode="decode2d"),
+        "fp8_einsum": make_case("fp8_einsum", "quick", B=4, H=8, D=O_LORA_RANK, R=O_GROUP_K),
+        "indexer_topk": make_case("indexer_topk", "quick", R=4, W=1024, k=512, mode="decode2d"),
     }[op]

@@ -12,6 +12,7 @@ import math
 import torch
 
 from .. import formats
+from ..ops._rows import decode_row_ends
 from ..quant import to_fp8, ue8m0_scale
 
 SOFTMAX_SCALE = 512 ** -0.5
@@ -217,7 +218,6 @@ def indexer_topk(device, gen, *, R, W, k, mode="ranges", next_n=1, data="random"
         if mode == "decode2d":
             lens = (lens[:, None] - next_n + torch.arange(next_n) + 1).clamp_min(0)
         kwargs.update(seq_lens=lens.to(torch.int32), next_n=next_n)
-        from ..ops._rows import decode_row_ends
         ends_e = decode_row_ends(lens, next_n)
         starts_e = torch.zeros_like(ends_e)
     cols = torch.arange(W)
