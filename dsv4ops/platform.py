@@ -55,6 +55,11 @@ def cuda_arch(major: int, minor: int) -> str:
     return f"sm{major}{minor}"
 
 
+def rocm_arch(gcn_arch_name: str) -> str:
+    """``gcnArchName`` -> arch tag: 'gfx942:sramecc+:xnack-' -> 'gfx942'."""
+    return gcn_arch_name.split(":")[0]
+
+
 def library_versions() -> tuple[tuple[str, str], ...]:
     found = []
     for module, dists in _LIBRARIES.items():
@@ -73,8 +78,7 @@ def _detect(device_type: str, index: int) -> Platform:
     if device_type == "cuda":
         props = torch.cuda.get_device_properties(index)
         if torch.version.hip:
-            arch = getattr(props, "gcnArchName", "gfx").split(":")[0]
-            return Platform("rocm", arch, props.name, libraries=libs)
+            return Platform("rocm", rocm_arch(getattr(props, "gcnArchName", "gfx")), props.name, libraries=libs)
         return Platform("cuda", cuda_arch(props.major, props.minor), props.name, libraries=libs)
     if device_type == "xpu":
         name = torch.xpu.get_device_name(index)

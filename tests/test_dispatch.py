@@ -211,3 +211,20 @@ def test_preference_by_heads_and_size_class():
         assert priority(T=8, H=16) == 110 and priority(T=8, H=64) == 50 and priority(T=256, H=16) == 50
     with dsv4ops.simulate_platform("cuda", "sm100"):
         assert priority(T=8, H=16) == 50
+
+
+@pytest.mark.parametrize("cc,arch", [((9, 0), "sm90"), ((10, 0), "sm100"), ((10, 3), "sm103"), ((12, 0), "sm120"),
+                                     ((12, 1), "sm121")])
+def test_cuda_arch_tags(cc, arch):
+    from dsv4ops.platform import cuda_arch
+    assert cuda_arch(*cc) == arch
+
+
+def test_rocm_arch_tags():
+    from dsv4ops.platform import rocm_arch
+    assert rocm_arch("gfx942:sramecc+:xnack-") == "gfx942" and rocm_arch("gfx950") == "gfx950"
+
+
+def test_sm_major():
+    from dsv4ops.backend_support import sm_major
+    assert [sm_major(a) for a in ("sm90", "sm100", "sm121", "gfx942")] == [9, 10, 12, 0]
