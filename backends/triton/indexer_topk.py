@@ -1,6 +1,13 @@
-"""Triton op 5: one program per row. A 4-pass, 8-bit radix select over order-preserving uint32
-keys finds the k-th largest valid logit (only columns inside the row's range are counted), then
-two passes write the row-local indices above the threshold and as many ties as fill k; -1 after."""
+"""Triton op 5: per-row top-k by radix select over order-preserving uint32 keys.
+
+One kernel does both stages. A program selects the k largest of a set of positions: 4 passes of an
+8-bit histogram find the k-th largest key (only valid positions count), then two passes write the
+positions above it and as many ties as fill k, and -1 after. Short rows take one program per row.
+Long rows (more than two chunks) are first split into chunks, one program each, that keep their
+chunk's k largest columns (stage 1: the row's top-k is inside the union of the chunks' top-k); a
+second program per row then selects from those candidates (stage 2), gathering their logits.
+Output columns are row-local (``column - row_start``).
+"""
 from __future__ import annotations
 
 import torch
@@ -21,7 +28,7 @@ def _sort_key(x):
 
 @triton.jit
 def _row_range(row, starts_ptr, ends_ptr, lens_ptr, next_n, MODE: tl.constexpr):
-    """MODE 0: [row_starts, row_ends); 1: 1-D decode lengths (causal MTP); 2: 2-D decode lengths."""
+    """MODE 0: [row_starts, row_ends); 1: 1-D decode lengths (causal MTP rule); 2: 2-D decode lengths."""
     if MODE == 0:
         start = tl.load(starts_ptr + row)
         end = tl.load(ends_ptr + row)
@@ -35,49 +42,70 @@ def _row_range(row, starts_ptr, ends_ptr, lens_ptr, next_n, MODE: tl.constexpr):
 
 
 @triton.jit
-def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, next_n, out_ptr, k,
-                         MODE: tl.constexpr, BLOCK: tl.constexpr):
+def _candidates(src, stride_c, cand_row, p, lo, hi, GATHER: tl.constexpr):
+    """Columns and keys at positions ``p``: the positions themselves (valid in [lo, hi)), or, when
+    gathering, the candidate columns stored at ``cand_row[p]`` (valid when >= 0)."""
+    if GATHER:
+        col = tl.load(cand_row + p, mask=p < hi, other=-1)
+        live = col >= 0
+    else:
+        col = p
+        live = (p >= lo) & (p < hi)
+    key = _sort_key(tl.load(src + col.to(tl.int64) * stride_c, mask=live, other=0.0))
+    return col, live, key
+
+
+@triton.jit
+def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, next_n, cand_ptr,
+                         n_cand, out_ptr, out_stride, k, chunk,
+                         MODE: tl.constexpr, GATHER: tl.constexpr, LOCAL: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
     start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, next_n, MODE)
     src = logits_ptr + row * stride_r
-    want = tl.minimum(end - start, k)          # number of indices to write
-    remaining = want
-    prefix = tl.zeros((), tl.uint32)
+    cand_row = cand_ptr + row * n_cand
+    if GATHER:
+        lo = 0
+        hi = n_cand
+    else:
+        lo = start + part * chunk
+        hi = tl.minimum(end, lo + chunk)
+    base = start if LOCAL else 0                 # written column = column - base
+    dst = out_ptr + row * out_stride + part * k
+
     digits = tl.arange(0, 256)
-    for p in range(4):                          # most significant byte first
+    prefix = tl.zeros((), tl.uint32)
+    remaining = 0
+    want = 0
+    for p in range(4):                           # most significant byte first
         shift = 24 - 8 * p
         hist = tl.zeros((256,), tl.int32)
-        for c0 in range(start, end, BLOCK):
-            c = c0 + tl.arange(0, BLOCK)
-            live = c < end
-            key = _sort_key(tl.load(src + c * stride_c, mask=live, other=0.0))
+        for c0 in range(lo, hi, BLOCK):
+            col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
             if p > 0:
                 live = live & ((key >> (shift + 8)) == prefix)
             hist += tl.histogram(((key >> shift) & 0xFF).to(tl.int32), 256, mask=live)
-        at_or_above = tl.sum(hist) - tl.cumsum(hist, axis=0) + hist
+        if p == 0:
+            want = tl.minimum(tl.sum(hist, axis=0), k)     # valid positions, at most k
+            remaining = want
+        at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
         chosen = tl.max(tl.where(at_or_above >= remaining, digits, 0), axis=0)
         remaining -= tl.sum(tl.where(digits > chosen, hist, 0), axis=0)
         prefix = (prefix << 8) | chosen.to(tl.uint32)
-    # prefix is the k-th largest key; `remaining` ties with it are still to be taken.
-    dst = out_ptr + row * k
+    # prefix is the want-th largest key; `remaining` ties with it are still to be taken.
     written = 0
-    for c0 in range(start, end, BLOCK):
-        c = c0 + tl.arange(0, BLOCK)
-        live = c < end
-        key = _sort_key(tl.load(src + c * stride_c, mask=live, other=0.0))
+    for c0 in range(lo, hi, BLOCK):
+        col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
         above = live & (key > prefix) & (want > 0)
         pos = written + tl.cumsum(above.to(tl.int32), axis=0) - 1
-        tl.store(dst + pos, (c - start).to(tl.int32), mask=above)
+        tl.store(dst + pos, (col - base).to(tl.int32), mask=above)
         written += tl.sum(above.to(tl.int32), axis=0)
     ties = 0
-    for c0 in range(start, end, BLOCK):
-        c = c0 + tl.arange(0, BLOCK)
-        live = c < end
-        key = _sort_key(tl.load(src + c * stride_c, mask=live, other=0.0))
-        tie = live & (key == prefix)
+    for c0 in range(lo, hi, BLOCK):
+        col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
+        tie = live & (key == prefix) & (want > 0)
         rank = ties + tl.cumsum(tie.to(tl.int32), axis=0) - 1
-        take = tie & (rank < remaining)
-        tl.store(dst + written + rank, (c - start).to(tl.int32), mask=take)
+        tl.store(dst + written + rank, (col - base).to(tl.int32), mask=tie & (rank < remaining))
         ties += tl.sum(tie.to(tl.int32), axis=0)
     for c0 in range(0, k, BLOCK):
         c = c0 + tl.arange(0, BLOCK)
@@ -85,17 +113,26 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
 
 
 def indexer_topk(logits, k, *, row_starts=None, row_ends=None, seq_lens=None, next_n=1, out=None):
-    R = logits.shape[0]
+    R, W = logits.shape
     out = torch.empty(R, k, dtype=torch.int32, device=logits.device) if out is None else out
     if R == 0:
         return out
     mode = 0 if seq_lens is None else (2 if seq_lens.dim() == 2 else 1)
-    dummy = out
     tune = tuning(platform(logits.device))
-    _indexer_topk_kernel[(R,)](
-        logits, logits.stride(0), logits.stride(1),
-        row_starts if row_starts is not None else dummy, row_ends if row_ends is not None else dummy,
-        seq_lens if seq_lens is not None else dummy, next_n, out, k,
-        MODE=mode, BLOCK=tune.topk_block, num_warps=tune.topk_warps,
-    )
+    starts = row_starts if row_starts is not None else out
+    ends = row_ends if row_ends is not None else out
+    lens = seq_lens if seq_lens is not None else out
+    common = dict(MODE=mode, BLOCK=tune.topk_block, num_warps=tune.topk_warps)
+    chunk = max(tune.topk_chunk, k)
+    chunks = triton.cdiv(W, chunk)
+    if chunks <= 2:                              # one program per row
+        _indexer_topk_kernel[(R, 1)](logits, logits.stride(0), logits.stride(1), starts, ends, lens, next_n, out, 0,
+                                     out, k, k, W, GATHER=False, LOCAL=True, **common)
+        return out
+    n_cand = chunks * k                          # stage 1: each chunk's k largest columns
+    cand = torch.empty(R, n_cand, dtype=torch.int32, device=logits.device)
+    _indexer_topk_kernel[(R, chunks)](logits, logits.stride(0), logits.stride(1), starts, ends, lens, next_n, cand,
+                                      0, cand, n_cand, k, chunk, GATHER=False, LOCAL=False, **common)
+    _indexer_topk_kernel[(R, 1)](logits, logits.stride(0), logits.stride(1), starts, ends, lens, next_n, cand, n_cand,
+                                 out, k, k, W, GATHER=True, LOCAL=True, **common)
     return out

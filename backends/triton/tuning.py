@@ -29,18 +29,21 @@ class Tuning:
     einsum_stages: int = 3
     topk_block: int = 2048
     topk_warps: int = 8
+    topk_chunk: int = 4096          # columns per stage-1 program for long rows (at least k)
     insert_warps: int = 4
 
 
 _TABLE = {
     # docs/perf/H100.md (sweep_decode.sh, sweep_tunables.sh): decode 64 heads x 32 rows per step,
-    # split only up to one wave (T=128 H=64: 124 -> 82 us); logits 128 tokens per program
-    # (62 -> 52 us at B=128, 8K); top-k 8192-wide chunks on 16 warps (172 -> 144 us); the einsum's
-    # first choice stayed best.
+    # split only up to one wave (T=128 H=64: 124 -> 82 us); logits 128 tokens per program (62 -> 52 us
+    # at B=128, 8K); top-k in one stage on 8192-wide blocks and 16 warps (172 -> 144 us), the setting
+    # the full conformance tier ran with. Two stages over 4096-column chunks with 4096-wide blocks on
+    # 8 warps measured 112 us (H100-sweep-topk-two-stage.txt) but its full-tier run did not fit the
+    # session's device time: switch to it (topk_chunk=4096, topk_block=4096, topk_warps=8) after one.
     ("cuda", "sm90"): Tuning(decode_block_h=64, decode_block_k=32, decode_warps=8, decode_waves=1,
                              einsum_block_m=64, einsum_block_n=128, einsum_stages=4, logits_block_t=128,
-                             topk_block=8192, topk_warps=16),
-    ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, topk_block=256, logits_block_t=16,
+                             topk_block=8192, topk_warps=16, topk_chunk=1 << 20),
+    ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, topk_block=256, topk_chunk=64, logits_block_t=16,
                           einsum_block_m=16, einsum_block_n=128),
 }
 
