@@ -147,6 +147,7 @@ def _topk(tier):
                         out=data == "ties")
         yield make_case(op, tier, R=4, W=50, k=64, mode="ranges", corner="empty")         # k > W
         yield make_case(op, tier, R=4, W=128, k=32, mode="decode1d", next_n=2, corner="empty")
+        yield make_case(op, tier, R=5, W=200, k=16, mode="ranges", column_major=True)
         return
     for model, k in INDEX_TOPK.items():
         for mode, next_n in (("decode2d", 1), ("decode2d", 2), ("decode1d", 2), ("ranges", 1)):

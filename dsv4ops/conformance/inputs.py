@@ -195,7 +195,8 @@ def fp8_einsum(device, gen, *, B, H, D, R, group_major=False, out=False, out_dty
 
 
 # ---------------------------------------------------------------------------------------------
-def indexer_topk(device, gen, *, R, W, k, mode="ranges", next_n=1, data="random", corner=None, out=False):
+def indexer_topk(device, gen, *, R, W, k, mode="ranges", next_n=1, data="random", corner=None, out=False,
+                 column_major=False):
     logits = _randn(gen, R, W)
     if data == "ties":
         logits = _randint(gen, 0, 6, (R, W)).to(torch.float32)
@@ -223,6 +224,8 @@ def indexer_topk(device, gen, *, R, W, k, mode="ranges", next_n=1, data="random"
     cols = torch.arange(W)
     outside = (cols < starts_e[:, None]) | (cols >= ends_e[:, None])
     logits[outside] = float("inf")              # a backend that ignores the range picks these
+    if column_major:                            # the op accepts any strides
+        kwargs["logits"] = logits.t().contiguous().t()
     if out:
         kwargs["out"] = torch.empty(R, k, dtype=torch.int32)
     return _to(kwargs, device)
