@@ -94,8 +94,8 @@ def qnorm_rope_kv_insert(case, ref_kwargs, ref_result, got_kwargs, got_result) -
         _close(c, "q'", got_result, ref_result, atol=1e-6, rtol=2 ** -7)
     got_cache, ref_cache = got_kwargs["kv_cache"], ref_kwargs["kv_cache"]
     if formats.is_ds_mla(layout):
-        g_data, g_scale = formats.ds_mla_views(got_cache, bs)
-        r_data, r_scale = formats.ds_mla_views(ref_cache, bs)
+        g_data, _ = formats.ds_mla_views(got_cache, bs)
+        r_data, _ = formats.ds_mla_views(ref_cache, bs)
         _bf16_ulp_close(c, "cache RoPE bytes", g_data[..., formats.NOPE_DIM:], r_data[..., formats.NOPE_DIM:])
         rope_mask = torch.zeros_like(got_cache, dtype=torch.bool)
         rope_mask[:, : bs * formats.DS_MLA_DATA_BYTES].view(-1, bs, formats.DS_MLA_DATA_BYTES)[..., formats.NOPE_DIM:] = True
