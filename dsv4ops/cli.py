@@ -35,7 +35,7 @@ def cmd_info(args) -> int:
 
 def cmd_check(args) -> int:
     from .backend_support import triton_interpreter_enabled
-    from .conformance import select_cases, summarize, to_json
+    from .conformance import result_rows, select_cases, summarize, to_json
     from .conformance.interpreter import patch_triton_interpreter
 
     if triton_interpreter_enabled():
@@ -55,7 +55,7 @@ def cmd_check(args) -> int:
         print("no case matches", file=sys.stderr)
         return 2
     results = _run_with_progress(case_list, names, device, args.seed)
-    cells = summarize(results)
+    cells = summarize(result_rows(results))
     plat = platform(device)
     rows = [(name, *(cells.get((name, op)).text if (name, op) in cells else "-" for op in ops)) for name in names]
     print(f"conformance, tier {args.tier}, on {plat} ('-': the backend does not implement the op)")

@@ -42,36 +42,41 @@ class Cell:
         if self.failed:
             return f"FAIL {self.failed}/{self.passed + self.failed} (worst {self.worst:.3g})"
         if self.passed:
-            extra = f", {self.skipped} skipped" if self.skipped else ""
+            extra = f", {self.skipped} declined" if self.skipped else ""
             return f"pass {self.passed}{extra} (worst {self.worst:.3g})"
         if not self.skipped or "not registered" in self.reason:
             return "-"
-        return f"skipped: {self.reason}"
+        return f"declined: {self.reason}"
 
 
-def summarize(results: list[Result]) -> dict[tuple[str, str], Cell]:
-    """(backend, op) -> Cell; "worst" is the largest error in units of the op's tolerance."""
+def result_rows(results: list[Result]) -> list[dict]:
+    """Results as the rows of the JSON artifact (``worst`` None where it is NaN)."""
+    return [dict(op=r.case.op, case=r.case.id, tier=r.case.tier, backend=r.backend, status=r.status,
+                 worst=r.worst if r.worst == r.worst else None, message=r.message, seconds=round(r.seconds, 4),
+                 seed=r.seed) for r in results]
+
+
+def summarize(rows: list[dict]) -> dict[tuple[str, str], Cell]:
+    """(backend, op) -> Cell over result rows (``result_rows`` or a JSON artifact's); "worst" is the
+    largest error in units of the op's tolerance."""
     cells: dict[tuple[str, str], Cell] = {}
-    for r in results:
-        cell = cells.setdefault((r.backend, r.case.op), Cell())
-        if r.status == "pass":
-            cell.passed += 1
-        elif r.status == "skip":
+    for r in rows:
+        cell = cells.setdefault((r["backend"], r["op"]), Cell())
+        if r["status"] == "skip":
             cell.skipped += 1
-            cell.reason = cell.reason or r.message
+            cell.reason = cell.reason or r["message"]
             continue
+        if r["status"] == "pass":
+            cell.passed += 1
         else:
             cell.failed += 1
-        cell.worst = max(cell.worst, r.worst) if r.worst == r.worst else float("nan")
+        cell.worst = float("nan") if r["worst"] is None else max(cell.worst, r["worst"])
     return cells
 
 
 def to_json(results: list[Result], meta: dict) -> str:
-    rows = [dict(op=r.case.op, case=r.case.id, tier=r.case.tier, backend=r.backend, status=r.status,
-                 worst=r.worst if r.worst == r.worst else None, message=r.message, seconds=round(r.seconds, 4),
-                 seed=r.seed) for r in results]
-    return json.dumps(dict(meta=meta, results=rows), indent=1)
+    return json.dumps(dict(meta=meta, results=result_rows(results)), indent=1)
 
 
 __all__ = ["TIERS", "Case", "Result", "cases", "typical_case", "select_cases", "run_matrix", "summarize",
-           "to_json", "run_case"]
+           "result_rows", "to_json", "run_case"]

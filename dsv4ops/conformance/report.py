@@ -7,43 +7,21 @@ import sys
 from pathlib import Path
 
 from .._table import render_table
-
-
-def _cells(results: list[dict]) -> dict[tuple[str, str], dict]:
-    cells: dict[tuple[str, str], dict] = {}
-    for r in results:
-        cell = cells.setdefault((r["backend"], r["op"]), dict(passed=0, failed=0, skipped=0, worst=0.0, reason=""))
-        key = {"pass": "passed", "skip": "skipped"}.get(r["status"], "failed")
-        cell[key] += 1
-        if r["status"] == "skip":
-            cell["reason"] = cell["reason"] or r["message"]
-        elif r.get("worst") is not None:
-            cell["worst"] = max(cell["worst"], r["worst"])
-    return cells
-
-
-def _text(cell: dict) -> str:
-    if cell["failed"]:
-        return f"FAIL {cell['failed']}/{cell['passed'] + cell['failed']}"
-    if cell["passed"]:
-        return f"pass {cell['passed']}" + (f" (+{cell['skipped']} declined)" if cell["skipped"] else "")
-    if "not registered" in cell["reason"]:
-        return "-"
-    return "declined: " + cell["reason"][:60]
+from . import summarize
 
 
 def render(data: dict) -> str:
     meta, results = data["meta"], data["results"]
-    cells = _cells(results)
+    cells = summarize(results)
     backends = sorted({b for b, _ in cells})
     ops = list(dict.fromkeys(r["op"] for r in results))
-    rows = [(b, *(_text(cells[(b, op)]) if (b, op) in cells else "-" for op in ops)) for b in backends]
+    rows = [(b, *(cells[(b, op)].text if (b, op) in cells else "-" for op in ops)) for b in backends]
     libs = ", ".join(f"{v}" for v in meta.get("libraries", {}).values())
     lines = [f"# Conformance on {meta['device']}", "",
              f"- date: {meta['date']}", f"- platform: {meta['platform']}", f"- tier: {meta['tier']}, seed {meta['seed']}",
              f"- libraries: {libs}", f"- command: `{meta['command']}`", "",
-             "Cells count cases; 'declined' means the capability check refused the inputs (reason shown); "
-             "'-' means the backend does not implement the op.", "",
+             "Cells count cases; 'worst' is the largest error in units of the op's tolerance; 'declined' means "
+             "the capability check refused the inputs; '-' means the backend does not implement the op.", "",
              "```", render_table(("backend", *ops), rows), "```"]
     failures = [r for r in results if r["status"] in ("fail", "error")]
     if failures:
@@ -55,9 +33,9 @@ def verified_table(folder: Path) -> str:
     rows = []
     for path in sorted(folder.glob("*.json")):
         data = json.loads(path.read_text())
-        for (backend, op), cell in sorted(_cells(data["results"]).items()):
-            if cell["passed"] or cell["failed"]:
-                rows.append((backend, op, data["meta"]["device"], data["meta"]["tier"], _text(cell), path.name))
+        for (backend, op), cell in sorted(summarize(data["results"]).items()):
+            if cell.passed or cell.failed:
+                rows.append((backend, op, data["meta"]["device"], data["meta"]["tier"], cell.text, path.name))
     return ("# What was verified where\n\nGenerated from `docs/conformance/*.json` by "
             "`python -m dsv4ops.conformance.report docs/conformance`. The reference and the Triton backend "
             "(interpreter) also run the quick tier in CI on every change. The flashinfer and aiter adapters "
