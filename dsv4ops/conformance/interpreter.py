@@ -1,4 +1,4 @@
-"""Work around two Triton interpreter bugs, in the test setup rather than in the kernels.
+"""Work around three Triton interpreter bugs, in the test setup rather than in the kernels.
 
 1. bf16 ``tl.dot`` (triton issue 11584): the interpreter stores bf16 as uint16 and hands those raw
    bits to ``np.matmul``. The patch converts bf16 operands to float32 inside the interpreter's dot.
@@ -55,10 +55,8 @@ def patch_triton_interpreter() -> bool:
         if src is None or dst is None or rounding_mode == ir.ROUNDING_MODE.RTZ:
             return original_convert(data, input_dtype, output_dtype, rounding_mode)
         raw = torch.from_numpy(np.ascontiguousarray(data)).view(src)
-        result = raw.to(torch.float32).to(dst)
-        uint = getattr(np, f"uint{output_dtype.primitive_bitwidth}")
-        return result.view(getattr(torch, f"uint{output_dtype.primitive_bitwidth}") if uint is not np.uint8
-                           else torch.uint8).numpy().view(uint)
+        bits = output_dtype.primitive_bitwidth
+        return raw.to(torch.float32).to(dst).view(getattr(torch, f"uint{bits}")).numpy()
 
     interpreter._convert_float = convert_float
 
