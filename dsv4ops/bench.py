@@ -20,6 +20,7 @@ import torch
 from . import ops, registry
 from .conformance.cases import Case, make_case
 from .conformance.compare import RULES
+from .conformance.runner import clone_kwargs
 from .selection import decide
 
 # ---------------------------------------------------------------------------------------------
@@ -195,7 +196,7 @@ def bench(case_list: list[Case], backend_names: list[str], device, ceilings: Cei
         sets = _input_sets(case, device, l2, budget=8 << 30)
         module = ops.OPS[case.op]
         nbytes, flops = cost(case.op, sets[0])
-        ref_kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in sets[0].items()}
+        ref_kwargs = clone_kwargs(sets[0])
         ref = getattr(reference, case.op)(**ref_kwargs)
         case_rows = []
         for name in backend_names:
@@ -208,7 +209,7 @@ def bench(case_list: list[Case], backend_names: list[str], device, ceilings: Cei
                 case_rows.append(Timing(case.op, case.id, name, note=f"skipped: {why}"))
                 continue
             fn = decision.selected.fn
-            got_kwargs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in sets[0].items()}
+            got_kwargs = clone_kwargs(sets[0])
             verdict = RULES[case.op](case, ref_kwargs, ref, got_kwargs, fn(**got_kwargs))
             if not verdict.ok:
                 case_rows.append(Timing(case.op, case.id, name, note=f"wrong result: {verdict.message}"))

@@ -40,7 +40,3 @@ def scalar_arg(x) -> tuple[object, bool]:
     if isinstance(x, torch.Tensor):
         return x, True
     return float(x), False
-
-
-def fp8_limit(fnuz: bool) -> float:
-    return 240.0 if fnuz else 448.0

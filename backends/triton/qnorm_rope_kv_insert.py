@@ -8,8 +8,9 @@ import triton.language as tl
 
 from dsv4ops import formats
 from dsv4ops.platform import platform
+from dsv4ops.quant import FP8_MAX
 
-from .common import ceil_log2, exp2_int, fp8_limit, load_scalar, scalar_arg
+from .common import ceil_log2, exp2_int, load_scalar, scalar_arg
 from .tuning import tuning
 
 LAYOUT_DS_MLA, LAYOUT_BF16, LAYOUT_FP8 = 0, 1, 2
@@ -113,7 +114,7 @@ def qnorm_rope_kv_insert(q, kv, positions, cos_sin_cache, kv_cache, slot_mapping
     _qnorm_rope_kv_insert_kernel[(T, H + 1)](
         q, kv, kv.stride(0), positions, cos_sin_cache, kv_cache, slot_mapping, out, slot_mapping.shape[0], H,
         eps, ks, qs, block_size, page_bytes,
-        LAYOUT=kind, FNUZ=fnuz, KV_SCALE_PTR=ks_ptr, Q_SCALE_PTR=qs_ptr, FP8_MAX=fp8_limit(fnuz),
+        LAYOUT=kind, FNUZ=fnuz, KV_SCALE_PTR=ks_ptr, Q_SCALE_PTR=qs_ptr, FP8_MAX=FP8_MAX[formats.fp8_flavour(layout)],
         num_warps=tuning(platform(q.device)).insert_warps,
     )
     return out

@@ -31,7 +31,8 @@ class Result:
                 f"--case '{self.case.id}' --seed {self.seed}")
 
 
-def _clone(kwargs: dict) -> dict:
+def clone_kwargs(kwargs: dict) -> dict:
+    """A copy of an op's arguments with every tensor cloned (each run gets its own buffers)."""
     return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
 
@@ -57,9 +58,9 @@ def run_case(case: Case, backend: str, device, seed: int = 0) -> Result:
         reason = next((c.status for c in decision.candidates if c.backend == backend), "not registered for this op")
         return Result(case, backend, "skip", message=reason, seed=seed)
 
-    ref_kwargs = _clone(kwargs)
+    ref_kwargs = clone_kwargs(kwargs)
     ref_result = reference_fn(case.op)(**ref_kwargs)
-    got_kwargs = _clone(kwargs)
+    got_kwargs = clone_kwargs(kwargs)
     if got_kwargs.get("out") is not None:
         poison(got_kwargs["out"])
     try:
