@@ -15,12 +15,7 @@ import torch
 
 from .errors import InputError
 from .ops import OPS
-from .selection import Decision, decide
-
-
-def _structure(kwargs: dict) -> tuple:
-    return tuple((name, (v.dtype, v.device, tuple(v.shape), v.stride()) if isinstance(v, torch.Tensor) else v)
-                 for name, v in sorted(kwargs.items()))
+from .selection import Decision, decide, structure
 
 
 class PreparedOp:
@@ -30,7 +25,8 @@ class PreparedOp:
         self.backend = decision.backend
         self._fn = decision.selected.fn
         self._defaults = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
-        self._structure = _structure(kwargs)
+        self._names = tuple(kwargs)                  # the validated argument order
+        self._structure = structure(kwargs, cpu_ok=True)
 
     def run(self, **kwargs):
         """Call the chosen implementation; the arguments must match the prepared structure."""
@@ -38,7 +34,8 @@ class PreparedOp:
 
     def __call__(self, **kwargs):
         full = {**self._defaults, **kwargs}
-        if _structure(full) != self._structure:
+        same_names = set(full) == set(self._names)
+        if not same_names or structure({n: full[n] for n in self._names}, cpu_ok=True) != self._structure:
             raise InputError(f"{self.op}: arguments differ in dtype, device, shape, strides or a scalar from "
                              f"the ones this call was prepared with; prepare a new call for them")
         return self._fn(**full)

@@ -226,12 +226,13 @@ def select(call: OpCall, backend: str | None = None) -> registry.Implementation:
 _fast: dict[tuple, object] = {}
 
 
-def _structure(kwargs: dict) -> tuple | None:
-    """Hashable structure of the arguments; None when a CPU tensor needs its value checks."""
+def structure(kwargs: dict, cpu_ok: bool = False) -> tuple | None:
+    """Hashable structure of the arguments (tensor dtype, device, shape, strides; other values as
+    they are); None when a CPU tensor needs its value checks, unless ``cpu_ok``."""
     parts = []
     for value in kwargs.values():
         if isinstance(value, torch.Tensor):
-            if value.is_cpu:
+            if value.is_cpu and not cpu_ok:
                 return None
             parts.append((value.dtype, value.get_device(), value.shape, value.stride()))
         else:
@@ -243,10 +244,10 @@ def call_op(validate, kwargs: dict, backend: str | None):
     """Validate, select and run, skipping validation and selection for a structure seen before."""
     key = None
     if not debug_enabled():
-        structure = _structure(kwargs)
-        if structure is not None:
+        shape = structure(kwargs)
+        if shape is not None:
             key = (validate, backend, os.environ.get(ENV, ""), os.environ.get("DSV4OPS_PLATFORM", ""),
-                   current_simulation(), structure)
+                   current_simulation(), shape)
             fn = _fast.get(key)
             if fn is not None:
                 return fn(**kwargs)

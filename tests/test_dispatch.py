@@ -177,7 +177,7 @@ def test_fast_path_skips_validation_only_for_known_structures(fakes, monkeypatch
     from dsv4ops.ops import OPS
     structure = lambda kwargs: tuple((v.dtype, v.shape, v.stride()) if isinstance(v, torch.Tensor) else v
                                      for v in kwargs.values())
-    monkeypatch.setattr(selection, "_structure", structure)      # treat the CPU tensors as device tensors
+    monkeypatch.setattr(selection, "structure", structure)       # treat the CPU tensors as device tensors
     validated = []
     real = OPS["indexer_topk"].validate
     monkeypatch.setattr(OPS["indexer_topk"], "validate", lambda *a, **k: validated.append(1) or real(*a, **k))
