@@ -249,20 +249,22 @@ def _line(t: Timing) -> str:
 # ---------------------------------------------------------------------------------------------
 # Dispatch overhead
 
+# One tiny case per op: `bench --tiny` (a smoke run, on the CPU too) and the overhead measurement.
+TINY = {
+    "qnorm_rope_kv_insert": dict(T=1, H=8, layout="fp8_ds_mla", block_size=64, num_blocks=1),
+    "sparse_mla_decode": dict(T=1, H=8, topk=64, layout="fp8_ds_mla", extra_topk=64, extra_block_size=64),
+    "paged_mqa_logits": dict(B=1, next_n=1, context=64, H=64, block_size=64),
+    "fp8_einsum": dict(B=1, H=1, D=128, R=128),
+    "indexer_topk": dict(R=4, W=128, k=16, mode="decode2d"),
+}
+
 def dispatch_overhead(device, calls: int = 2000) -> dict[str, dict]:
     """Host µs per call of ``dsv4ops.<op>``, of a prepared call's ``run`` (``dsv4ops.prepare``) and
     of the selected implementation called directly (tiny shapes: the host is the bottleneck)."""
     from .prepared import prepare
 
-    tiny = {
-        "qnorm_rope_kv_insert": dict(T=1, H=8, layout="fp8_ds_mla", block_size=64, num_blocks=1),
-        "sparse_mla_decode": dict(T=1, H=8, topk=64, layout="fp8_ds_mla", extra_topk=64, extra_block_size=64),
-        "paged_mqa_logits": dict(B=1, next_n=1, context=64, H=64, block_size=64),
-        "fp8_einsum": dict(B=1, H=1, D=128, R=128),
-        "indexer_topk": dict(R=1, W=256, k=64, mode="decode2d"),
-    }
     result = {}
-    for op, params in tiny.items():
+    for op, params in TINY.items():
         kw = make_case(op, "quick", **params).build(device, seed=0)
         module = ops.OPS[op]
         impl = decide(module.validate(**kw)).selected
@@ -329,12 +331,13 @@ def main(args) -> int:
 
     device = default_device()
     names = args.backends.split(",") if args.backends else [b.name for b in list_backends() if b.name != "reference"]
-    case_list = production_cases() if args.shapes == "production" else sweep_cases()
+    if args.tiny:
+        case_list = [make_case(op, "quick", **params) for op, params in TINY.items()]
+    else:
+        case_list = production_cases() if args.shapes == "production" else sweep_cases()
     if args.ops:
         case_list = [c for c in case_list if c.op in args.ops.split(",")]
     on_gpu = device.type == "cuda"
-    if not on_gpu and args.tiny:
-        case_list = [make_case("indexer_topk", "quick", R=4, W=128, k=16, mode="decode2d")]
     if args.overhead:
         case_list = []
     ceilings = measure_ceilings(device) if on_gpu and case_list else None

@@ -34,12 +34,7 @@ def cmd_info(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .backend_support import triton_interpreter_enabled
     from .conformance import result_rows, select_cases, summarize, to_json
-    from .conformance.interpreter import patch_triton_interpreter
-
-    if triton_interpreter_enabled():
-        patch_triton_interpreter()
 
     device = args.device or default_device()
     ops = args.ops.split(",") if args.ops else list(OP_NAMES)

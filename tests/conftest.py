@@ -18,9 +18,3 @@ def _clean_env(monkeypatch):
 def gen():
     return torch.Generator().manual_seed(1234)
 
-
-def pytest_configure(config):
-    from dsv4ops.backend_support import triton_interpreter_enabled
-    if triton_interpreter_enabled():
-        from dsv4ops.conformance.interpreter import patch_triton_interpreter
-        patch_triton_interpreter()

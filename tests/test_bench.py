@@ -4,6 +4,7 @@ import json
 
 import torch
 
+from dsv4ops import OP_NAMES
 from dsv4ops.bench import cost, production_cases, sweep_cases
 from dsv4ops.cli import main
 
@@ -11,10 +12,16 @@ from dsv4ops.cli import main
 def test_bench_smoke(tmp_path, capsys):
     path = tmp_path / "bench.json"
     assert main(["bench", "--tiny", "--backends", "reference", "--json", str(path), "--plot", str(tmp_path / "p-")]) == 0
-    data = json.loads(path.read_text())
-    (row,) = data["results"]
-    assert row["backend"] == "reference" and row["us"] > 0 and row["vs_fastest"] == 1.0
+    rows = json.loads(path.read_text())["results"]
+    assert sorted(r["op"] for r in rows) == sorted(OP_NAMES)
+    assert all(r["backend"] == "reference" and r["us"] > 0 and r["vs_fastest"] == 1.0 for r in rows)
     assert (tmp_path / "p-indexer_topk.png").stat().st_size > 0
+
+
+def test_bench_tiny_honours_ops(tmp_path):
+    path = tmp_path / "bench.json"
+    assert main(["bench", "--tiny", "--ops", "fp8_einsum", "--backends", "reference", "--json", str(path)]) == 0
+    assert [r["op"] for r in json.loads(path.read_text())["results"]] == ["fp8_einsum"]
 
 
 def test_cost_model_einsum_and_decode():

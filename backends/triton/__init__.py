@@ -3,9 +3,23 @@ from dsv4ops.backend_support import all_of, import_probe, triton_interpreter_ena
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
 
+_import_triton = import_probe("triton", '"dsv4ops[triton]"')
+
+
+def probe() -> str | None:
+    """Triton imports; under TRITON_INTERPRET=1 its interpreter gets our fixes (interpreter.py)."""
+    reason = _import_triton()
+    if reason is None and triton_interpreter_enabled():
+        from .interpreter import patch_triton_interpreter
+
+        if not patch_triton_interpreter():
+            return "TRITON_INTERPRET=1 but this Triton has no interpreter"
+    return reason
+
+
 BACKEND = register_backend(Backend(
     "triton", ("cuda", "rocm", "xpu", "cpu"),
-    probe=import_probe("triton", '"dsv4ops[triton]"'),
+    probe=probe,
     description="portable Triton kernels (any Triton target; CPU via the interpreter)",
 ))
 

@@ -1,4 +1,4 @@
-"""Work around three Triton interpreter bugs, in the test setup rather than in the kernels.
+"""Work around four Triton interpreter bugs (``TRITON_INTERPRET=1``) in one place, never in the kernels.
 
 1. bf16 ``tl.dot`` (triton issue 11584): the interpreter stores bf16 as uint16 and hands those raw
    bits to ``np.matmul``. The patch converts bf16 operands to float32 inside the interpreter's dot.
@@ -8,8 +8,13 @@
 3. Scalars as loop bounds: the interpreter turns a scalar into ``int`` through ``int(array)``, which
    NumPy >= 2.4 refuses for 1-element arrays, so ``range(n)`` over a kernel argument fails. The
    patch reads the element instead.
+4. Comparison results: the interpreter types ``a < b`` as the operands' type (int32 data holding
+   booleans); a scalar comparison broadcast into a block then becomes int32 0/1, and masks built
+   from it are rejected by Triton >= 3.9's ``tl.store`` ("mask has unsupported dtype"). The patch
+   types every comparison as ``int1`` with boolean data, as compiled Triton does.
 
-Applied by the test setup and by ``dsv4ops check`` under TRITON_INTERPRET=1.
+Applied by the backend's probe (``backends/triton/__init__.py``), which runs before any Triton
+kernel is selected, so direct calls, the CLI, the examples and the tests all get it.
 """
 from __future__ import annotations
 
@@ -68,4 +73,16 @@ def patch_triton_interpreter() -> bool:
         scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
 
     interpreter._patch_lang_tensor = patch_lang_tensor
+
+    for name in dir(builder):
+        if name.startswith(("create_icmp", "create_fcmp")):
+            setattr(builder, name, _boolean_result(getattr(builder, name), interpreter.TensorHandle, tl.int1))
     return True
+
+
+def _boolean_result(compare, handle_type, int1):
+    @functools.wraps(compare)
+    def typed_compare(self, lhs, rhs):
+        result = compare(self, lhs, rhs)
+        return handle_type(result.data.astype(bool), int1)
+    return typed_compare
