@@ -4,6 +4,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
+import textwrap
+
+import torch
 
 from . import OP_NAMES, backends, decide, platform
 from ._table import render_table
@@ -34,17 +37,23 @@ def cmd_info(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from .conformance import result_rows, select_cases, summarize, to_json
+    import os
 
-    device = args.device or default_device()
+    from .backend_support import triton_interpreter_enabled
+    from .conformance import LEGEND, result_rows, select_cases, summarize, to_json
+
+    device = torch.device(args.device) if args.device else default_device()
+    if device.type == "cpu" and not triton_interpreter_enabled() and not args.no_interpreter:
+        os.environ["TRITON_INTERPRET"] = "1"          # read when the Triton kernels are first imported
+        print("no accelerator: the Triton kernels run through Triton's interpreter (TRITON_INTERPRET=1)")
     ops = args.ops.split(",") if args.ops else list(OP_NAMES)
     unknown = [o for o in ops if o not in OP_NAMES]
     if unknown:
         print(f"unknown op(s): {', '.join(unknown)}; ops are {', '.join(OP_NAMES)}", file=sys.stderr)
         return 2
     names = args.backends.split(",") if args.backends else [b.name for b in backends() if b.name != "reference"]
-    if not args.backends and "reference" not in names:
-        names = ["reference"] + names if args.include_reference else names
+    if args.include_reference and "reference" not in names:
+        names = ["reference"] + names
     case_list = select_cases(ops, args.tier, args.case)
     if not case_list:
         print("no case matches", file=sys.stderr)
@@ -52,9 +61,12 @@ def cmd_check(args) -> int:
     results = _run_with_progress(case_list, names, device, args.seed)
     cells = summarize(result_rows(results))
     plat = platform(device)
-    rows = [(name, *(cells.get((name, op)).text if (name, op) in cells else "-" for op in ops)) for name in names]
-    print(f"conformance, tier {args.tier}, on {plat} ('-': the backend does not implement the op)")
-    print(render_table(("backend", *ops), rows))
+    print(f"conformance, tier {args.tier}, on {plat}")
+    print(render_table(("backend", *ops), _matrix_rows(cells, names, ops)))
+    print("\n".join(textwrap.wrap(LEGEND, 118)))
+    declined = {(n, op): c.reason for (n, op), c in sorted(cells.items()) if c.text == "declined"}
+    for (name, op), reason in declined.items():
+        print(textwrap.shorten(f"  declined {name} {op}: {reason}", 118))
     failures = [r for r in results if r.status in ("fail", "error")]
     for r in failures:
         print(f"\n{r.status.upper()} {r.backend} {r.case.id}\n  {r.message}\n  rerun: {r.reproducer()}")
@@ -64,9 +76,18 @@ def cmd_check(args) -> int:
                     libraries=dict(plat.libraries), command=" ".join(["dsv4ops"] + sys.argv[1:]))
         with open(args.json, "w") as f:
             f.write(to_json(results, meta))
-    print(f"\n{sum(r.status == 'pass' for r in results)} passed, {len(failures)} failed, "
-          f"{sum(r.status == 'skip' for r in results)} skipped")
-    return 1 if failures else 0
+    passed = sum(r.status == "pass" for r in results)
+    print(f"\n{passed} passed, {len(failures)} failed, {sum(r.status == 'skip' for r in results)} skipped")
+    if failures:
+        return 1
+    if not passed:
+        print("nothing was checked: no selected backend could run any case here", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _matrix_rows(cells, names, ops) -> list[tuple[str, ...]]:
+    return [(name, *(cells[(name, op)].text if (name, op) in cells else "-" for op in ops)) for name in names]
 
 
 def _run_with_progress(case_list, names, device, seed):
@@ -84,26 +105,35 @@ def _run_with_progress(case_list, names, device, seed):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="dsv4ops", description="DeepSeek-V4 attention ops across vendor backends")
+    parser = argparse.ArgumentParser(prog="dsv4ops", description="DeepSeek-V4 attention ops across vendor backends",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="platform, backends, and what each op dispatches to").set_defaults(fn=cmd_info)
-    check = sub.add_parser("check", help="conformance of every available backend against the reference")
+    command = lambda name, text: sub.add_parser(name, help=text, description=text,
+                                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    command("info", "platform, backends, and what each op dispatches to").set_defaults(fn=cmd_info)
+
+    check = command("check", "conformance of every available backend against the reference")
     check.add_argument("--ops", help="comma-separated ops (default: all)")
     check.add_argument("--backends", help="comma-separated backends (default: every registered one but reference)")
-    check.add_argument("--tier", choices=("quick", "full"), default="quick")
+    check.add_argument("--tier", choices=("quick", "full"), default="quick",
+                       help="quick: small shapes (seconds, CPU-friendly); full: production shapes (GPU)")
     check.add_argument("--case", help="run only the case with this id (see a failure's rerun line)")
-    check.add_argument("--seed", type=int, default=0)
-    check.add_argument("--device", help="torch device (default: the accelerator if any, else cpu)")
+    check.add_argument("--seed", type=int, default=0, help="base seed of the random inputs (case i uses seed + i)")
+    check.add_argument("--device", help="torch device, e.g. cuda:1 (default: the current accelerator, else cpu)")
     check.add_argument("--json", help="write every result to this JSON file")
     check.add_argument("--include-reference", action="store_true", help="also check the reference against itself")
+    check.add_argument("--no-interpreter", action="store_true",
+                       help="on a CPU device, do not run the Triton kernels through TRITON_INTERPRET=1")
     check.set_defaults(fn=cmd_check)
-    bench = sub.add_parser("bench", help="time every available backend side by side (GPU)")
+
+    bench = command("bench", "time every available backend side by side")
     bench.add_argument("--ops", help="comma-separated ops (default: all)")
     bench.add_argument("--backends", help="comma-separated backends (default: every registered one but reference)")
-    bench.add_argument("--shapes", choices=("production", "sweep"), default="production")
+    bench.add_argument("--shapes", choices=("production", "sweep"), default="production",
+                       help="production: the V4 serving shapes; sweep: the tuning sweeps")
     bench.add_argument("--json", help="write the timings to this JSON file")
     bench.add_argument("--plot", metavar="PREFIX", help="write PREFIX<op>.png per op")
-    bench.add_argument("--tiny", action="store_true", help="one tiny case (a smoke run on the CPU)")
+    bench.add_argument("--tiny", action="store_true", help="one tiny case per op (a smoke run, CPU included)")
     bench.add_argument("--overhead", action="store_true", help="only the dispatch overhead (GPU)")
     bench.set_defaults(fn=lambda a: __import__("dsv4ops.bench", fromlist=["main"]).main(a))
     args = parser.parse_args(argv)

@@ -13,24 +13,26 @@ from __future__ import annotations
 
 import torch
 
+from .device_guard import run_on
 from .errors import InputError
 from .ops import OPS
 from .selection import Decision, decide, structure
 
 
 class PreparedOp:
-    def __init__(self, op: str, decision: Decision, kwargs: dict):
+    def __init__(self, op: str, decision: Decision, kwargs: dict, device: torch.device):
         self.op = op
         self.decision = decision
         self.backend = decision.backend
         self._fn = decision.selected.fn
+        self.device = device
         self._defaults = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
         self._names = tuple(kwargs)                  # the validated argument order
         self._structure = structure(kwargs, cpu_ok=True)
 
     def run(self, **kwargs):
         """Call the chosen implementation; the arguments must match the prepared structure."""
-        return self._fn(**{**self._defaults, **kwargs})
+        return run_on(self.device, self._fn, {**self._defaults, **kwargs})
 
     def __call__(self, **kwargs):
         full = {**self._defaults, **kwargs}
@@ -38,7 +40,7 @@ class PreparedOp:
         if not same_names or structure({n: full[n] for n in self._names}, cpu_ok=True) != self._structure:
             raise InputError(f"{self.op}: arguments differ in dtype, device, shape, strides or a scalar from "
                              f"the ones this call was prepared with; prepare a new call for them")
-        return self._fn(**full)
+        return run_on(self.device, self._fn, full)
 
     def __repr__(self) -> str:
         return f"PreparedOp({self.op} -> {self.backend})"
@@ -53,4 +55,4 @@ def prepare(op_name: str, *args, backend: str | None = None, **kwargs) -> Prepar
     if decision.selected is None:
         from .errors import UnsupportedError
         raise UnsupportedError(decision.error)
-    return PreparedOp(op_name, decision, call.kwargs)
+    return PreparedOp(op_name, decision, call.kwargs, call.device)

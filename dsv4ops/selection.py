@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from . import registry
+from .device_guard import run_on
 from .errors import ConfigError, UnsupportedError
 from .platform import Platform, current_simulation, platform
 from .settings import debug_enabled
@@ -248,14 +249,14 @@ def call_op(validate, kwargs: dict, backend: str | None):
         if shape is not None:
             key = (validate, backend, os.environ.get(ENV, ""), os.environ.get("DSV4OPS_PLATFORM", ""),
                    current_simulation(), shape)
-            fn = _fast.get(key)
-            if fn is not None:
-                return fn(**kwargs)
+            hit = _fast.get(key)
+            if hit is not None:
+                return run_on(hit[1], hit[0], kwargs)
     call = validate(**kwargs)
     impl = select(call, backend)
     if key is not None:
         with _cache_lock:
             if len(_fast) >= _MAX_CACHED:
                 _fast.clear()
-            _fast[key] = impl.fn
-    return impl.fn(**call.kwargs)
+            _fast[key] = (impl.fn, call.device)
+    return run_on(call.device, impl.fn, call.kwargs)

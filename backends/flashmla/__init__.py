@@ -32,11 +32,12 @@ def _runs_on(device_index: int) -> str | None:
 
     dev = torch.device("cuda", device_index)
     try:
-        cache = formats.allocate_kv_cache(1, 64, "fp8_ds_mla", dev)
-        idx = torch.arange(64, dtype=torch.int32, device=dev).view(1, 64)
-        sparse_mla_decode(torch.zeros(1, 64, 512, dtype=torch.bfloat16, device=dev), cache, idx,
-                          layout="fp8_ds_mla", block_size=64, softmax_scale=1.0)
-        torch.cuda.synchronize(dev)
+        with torch.cuda.device(dev):
+            cache = formats.allocate_kv_cache(1, 64, "fp8_ds_mla", dev)
+            idx = torch.arange(64, dtype=torch.int32, device=dev).view(1, 64)
+            sparse_mla_decode(torch.zeros(1, 64, 512, dtype=torch.bfloat16, device=dev), cache, idx,
+                              layout="fp8_ds_mla", block_size=64, softmax_scale=1.0)
+            torch.cuda.synchronize(dev)
     except Exception as exc:
         return f"the installed flash_mla cannot decode on this GPU ({type(exc).__name__}: {str(exc)[:120]})"
     return None

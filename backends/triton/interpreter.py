@@ -13,12 +13,16 @@
    from it are rejected by Triton >= 3.9's ``tl.store`` ("mask has unsupported dtype"). The patch
    types every comparison as ``int1`` with boolean data, as compiled Triton does.
 
+It also silences NumPy's RuntimeWarnings raised inside the interpreter (``inf - inf`` and the like),
+where compiled kernels compute the same IEEE results silently.
+
 Applied by the backend's probe (``backends/triton/__init__.py``), which runs before any Triton
 kernel is selected, so direct calls, the CLI, the examples and the tests all get it.
 """
 from __future__ import annotations
 
 import functools
+import warnings
 
 
 def patch_triton_interpreter() -> bool:
@@ -31,6 +35,7 @@ def patch_triton_interpreter() -> bool:
         from triton.runtime import interpreter
     except Exception:
         return False
+    warnings.filterwarnings("ignore", category=RuntimeWarning, module="triton.runtime.interpreter")
     builder = interpreter.InterpreterBuilder
     if getattr(builder.create_dot, "_dsv4ops_patched", False):
         return True

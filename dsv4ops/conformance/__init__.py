@@ -31,22 +31,38 @@ def run_matrix(case_list: list[Case], backend_names: list[str], device, seed: in
 
 @dataclass
 class Cell:
+    """What one backend did on one op's cases."""
+
     passed: int = 0
     failed: int = 0
+    errors: int = 0
     skipped: int = 0
     worst: float = 0.0
     reason: str = ""
 
     @property
     def text(self) -> str:
-        if self.failed:
-            return f"FAIL {self.failed}/{self.passed + self.failed} (worst {self.worst:.3g})"
+        """The matrix cell; every word is explained by ``LEGEND``."""
+        ran = self.passed + self.failed + self.errors
+        if self.failed or self.errors:
+            parts = [f"FAIL {self.failed}/{ran}"] if self.failed else []
+            parts += [f"error {self.errors}/{ran}"] if self.errors else []
+            worst = f" ({self.worst:.2g})" if self.failed else ""
+            return ", ".join(parts) + worst
         if self.passed:
             extra = f", {self.skipped} declined" if self.skipped else ""
-            return f"pass {self.passed}{extra} (worst {self.worst:.3g})"
+            return f"pass {self.passed}{extra} ({self.worst:.2g})"
         if not self.skipped or "not registered" in self.reason:
             return "-"
-        return f"declined: {self.reason}"
+        return "declined"
+
+
+LEGEND = (
+    "pass N: N cases matched the reference; (W): the worst case's error in units of the op's tolerance "
+    "(<= 1 passes); FAIL F/N: F of N cases out of tolerance; error E/N: E cases raised an exception; "
+    "M declined: cases the backend cannot serve here (e.g. a layout it does not read); declined: it serves "
+    "none of the cases on this platform (reason below); -: the backend does not implement the op."
+)
 
 
 def result_rows(results: list[Result]) -> list[dict]:
@@ -66,6 +82,9 @@ def summarize(rows: list[dict]) -> dict[tuple[str, str], Cell]:
             cell.skipped += 1
             cell.reason = cell.reason or r["message"]
             continue
+        if r["status"] == "error":
+            cell.errors += 1
+            continue
         if r["status"] == "pass":
             cell.passed += 1
         else:
@@ -78,5 +97,5 @@ def to_json(results: list[Result], meta: dict) -> str:
     return json.dumps(dict(meta=meta, results=result_rows(results)), indent=1)
 
 
-__all__ = ["TIERS", "Case", "Result", "cases", "typical_case", "select_cases", "run_matrix", "summarize",
+__all__ = ["TIERS", "LEGEND", "Cell", "Case", "Result", "cases", "typical_case", "select_cases", "run_matrix", "summarize",
            "result_rows", "to_json", "run_case"]

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from .._table import render_table
-from . import summarize
+from . import LEGEND, summarize
 
 
 def render(data: dict) -> str:
@@ -20,8 +20,7 @@ def render(data: dict) -> str:
     lines = [f"# Conformance on {meta['device']}", "",
              f"- date: {meta['date']}", f"- platform: {meta['platform']}", f"- tier: {meta['tier']}, seed {meta['seed']}",
              f"- libraries: {libs}", f"- command: `{meta['command']}`", "",
-             "Cells count cases; 'worst' is the largest error in units of the op's tolerance; 'declined' means "
-             "the capability check refused the inputs; '-' means the backend does not implement the op.", "",
+             LEGEND, "",
              "```", render_table(("backend", *ops), rows), "```"]
     failures = [r for r in results if r["status"] in ("fail", "error")]
     if failures:
@@ -34,7 +33,7 @@ def verified_table(folder: Path) -> str:
     for path in sorted(folder.glob("*.json")):
         data = json.loads(path.read_text())
         for (backend, op), cell in sorted(summarize(data["results"]).items()):
-            if cell.passed or cell.failed:
+            if cell.passed or cell.failed or cell.errors:
                 rows.append((backend, op, data["meta"]["device"], data["meta"]["tier"], cell.text, path.name))
     return ("# What was verified where\n\nGenerated from `docs/conformance/*.json` by "
             "`python -m dsv4ops.conformance.report docs/conformance`. The reference and the Triton backend "

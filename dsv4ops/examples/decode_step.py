@@ -182,13 +182,15 @@ def time_step(layer: Layer, setting: str) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default=str(default_device()))
-    parser.add_argument("--tokens", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=64)
-    parser.add_argument("--context", type=int, default=2048)
-    parser.add_argument("--index-topk", type=int, default=512)
-    parser.add_argument("--settings", nargs="+", default=["auto"])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--device", default=str(default_device()), help="torch device of the layer's tensors")
+    parser.add_argument("--tokens", type=int, default=4, help="decode tokens T in the step")
+    parser.add_argument("--heads", type=int, default=64, help="attention heads H")
+    parser.add_argument("--context", type=int, default=2048, help="tokens already in each request's cache")
+    parser.add_argument("--index-topk", type=int, default=512, help="compressed entries the indexer selects")
+    parser.add_argument("--settings", nargs="+", default=["auto"],
+                        help="backend choices to compare with the reference: 'auto' or DSV4OPS_BACKEND values")
     parser.add_argument("--time", action="store_true", help="time the whole step per setting (GPU)")
     args = parser.parse_args(argv)
     layer = make_layer(T=args.tokens, H=args.heads, context=args.context, index_topk=args.index_topk,

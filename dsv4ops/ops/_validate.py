@@ -115,6 +115,16 @@ class Checker:
             bounds = f"[{lo}, {hi})" if lo is not None else f"(-inf, {hi})"
             self.fail(name, f"{what} must lie in {bounds}{extra}, found {first}")
 
+    def not_above(self, name: str, t: torch.Tensor, other_name: str, other: torch.Tensor) -> None:
+        """Element-wise ``t <= other`` (a range start never past its end)."""
+        if t.numel() == 0 or not self.values_checked(t):
+            return
+        bad = t > other
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            self.fail(name, f"must not exceed '{other_name}' (a range start past its end), found "
+                            f"{int(t[row])} > {int(other[row])} at row {row}")
+
     def out_buffer(self, t, *, dtype, shape: tuple[int, ...]):
         if t is None:
             return None

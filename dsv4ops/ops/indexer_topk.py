@@ -23,6 +23,7 @@ def validate(logits, k, *, row_starts=None, row_ends=None, seq_lens=None, next_n
         c.tensor("row_ends", row_ends, dtype=torch.int32, shape=(R,))
         c.in_range("row_starts", row_starts, 0, W + 1, what="row starts")
         c.in_range("row_ends", row_ends, 0, W + 1, what="row ends")
+        c.not_above("row_starts", row_starts, "row_ends", row_ends)
     else:
         if not isinstance(seq_lens, torch.Tensor) or seq_lens.dim() not in (1, 2):
             c.fail("seq_lens", "must be int32 [B] or [B, next_n]")

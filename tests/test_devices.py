@@ -1,0 +1,42 @@
+"""Device rules: every tensor of a call on one device (InputError naming the one that is not), and
+every implementation runs on its tensors' device whatever the current device is (GPU test)."""
+import pytest
+import torch
+
+import dsv4ops
+from dsv4ops import OP_NAMES
+from dsv4ops.conformance import run_matrix, select_cases, typical_case
+
+
+
+def _tensor_args(op):
+    kw = typical_case(op).build("cpu", seed=0)
+    return kw, [name for name, v in kw.items() if isinstance(v, torch.Tensor)]
+
+
+@pytest.mark.parametrize("op", OP_NAMES)
+def test_tensor_on_another_device_is_named(op):
+    kw, names = _tensor_args(op)
+    anchor = names[0]
+    for name in names[1:]:
+        moved = dict(kw, **{name: kw[name].to("meta")})
+        with pytest.raises(dsv4ops.InputError, match=f"argument '{name}' must be on cpu like the other inputs"):
+            dsv4ops.dispatch(op, **moved)
+    with pytest.raises(dsv4ops.InputError, match="must be on meta like the other inputs"):
+        dsv4ops.dispatch(op, **dict(kw, **{anchor: kw[anchor].to("meta")}))
+
+
+needs_two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+@pytest.mark.parametrize("current,target", [(0, 1), (1, 0)])
+def test_quick_tier_on_a_device_that_is_not_current(current, target):
+    names = [b.name for b in dsv4ops.backends() if b.available]
+    with torch.cuda.device(current):
+        results = run_matrix(select_cases(OP_NAMES, "quick"), names, torch.device("cuda", target))
+        assert torch.cuda.current_device() == current
+    ran = [r for r in results if r.status != "skip"]
+    bad = [f"{r.backend} {r.case.id}: {r.message}" for r in ran if r.status != "pass"]
+    assert ran and not bad, "\n".join(bad)
