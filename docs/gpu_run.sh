@@ -2,7 +2,7 @@
 # One device call: install the carried wheels, then the full conformance tier, the anchor benchmark,
 # the GPU-only tests (int64 addressing, CUDA graphs, example pipeline) and the example step timing.
 # .whl/ holds the vendor wheels (fetched where there is network with `python3 -m pip download --no-deps
-# --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 -d .whl
+# --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl
 # tokenspeed-flashmla==1.0.0.post20260615 tokenspeed-deepgemm==2.5.0.post20260604`), pytest and its
 # deps, and a dsv4ops wheel built from this checkout (pip wheel . --no-deps -w .whl). From the repo root:
 #   bash docs/gpu_run.sh OUTDIR          (SWEEP=1 also sweeps the Triton decode tunables)

@@ -25,15 +25,17 @@ def python_blocks(path: Path) -> list[tuple[int, str]]:
     return [(text.count("\n", 0, m.start(1)) + 1, m.group(1)) for m in _FENCE.finditer(text)]
 
 
+_BLOCKS = python_blocks(EXAMPLES)
+
+
 def test_examples_cover_every_op():
-    blocks = python_blocks(EXAMPLES)
+    blocks = _BLOCKS
     assert len(blocks) >= len(OP_NAMES)
     for op in OP_NAMES:
         assert any(f"dsv4ops.{op}(" in code for _, code in blocks), f"docs/examples.md has no call of {op}"
 
 
-@pytest.mark.parametrize("line, code", python_blocks(EXAMPLES),
-                         ids=lambda v: f"line{v}" if isinstance(v, int) else "")
+@pytest.mark.parametrize("line, code", _BLOCKS, ids=[f"examples.md:{line}" for line, _ in _BLOCKS])
 def test_example_runs(line, code):
     compiled = compile(code, f"{EXAMPLES.relative_to(ROOT)}:{line}", "exec")
     exec(compiled, {"__name__": "__docs_example__"})
