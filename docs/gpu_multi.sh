@@ -11,7 +11,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 cd /tmp   # import the installed wheel (with its entry points), not the checkout
 { nvidia-smi -L; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-  python3 -m dsv4ops.cli info | head -12; } 2>&1 | tee "$out/multi_gpu_info.txt"
+  python3 -m dsv4ops.cli info | head -12 || true; } 2>&1 | tee "$out/multi_gpu_info.txt"
 python3 -m pytest -v -p no:cacheprovider "$repo/tests/test_devices.py" 2>&1 | tail -15 | tee "$out/multi_gpu_pytest.txt"
 for target in 0 1; do
   current=$((1 - target))

@@ -1,4 +1,6 @@
 """DeepGEMM (``deep_gemm``): paged MQA logits and block-scaled FP8 einsum on SM90 / SM100."""
+import threading
+
 from dsv4ops.backend_support import all_of, arch_in, import_probe
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
@@ -27,8 +29,25 @@ def einsum_bf16_out(plat: Platform, call) -> str | None:
     return None
 
 
+_bound_device: list = []       # the one CUDA device DeepGEMM serves in this process
+_bind_lock = threading.Lock()
+
+
+def one_device_per_process(plat: Platform, call) -> str | None:
+    """DeepGEMM loads its JIT kernels into the CUDA context where they first run and launches them from
+    there: on a second GPU of the same process they fail with CUDA_ERROR_INVALID_HANDLE (measured on
+    an H200 pair, docs/perf/H200x2-multi-gpu.txt). Serve the first device asked about; decline others."""
+    with _bind_lock:
+        if not _bound_device:
+            _bound_device.append(call.device)
+    if call.device != _bound_device[0]:
+        return (f"DeepGEMM serves one GPU per process (its JIT kernels live in {_bound_device[0]}'s context); "
+                f"the inputs are on {call.device}")
+    return None
+
+
 _SM90_ONLY = arch_in("sm90")   # SM100 needs bf16 weights / MX scales and packed UE8M0: not adapted yet
 BACKEND.implements("paged_mqa_logits", "dsv4ops.backends.deepgemm.ops:paged_mqa_logits", priority=100,
-                   supports=all_of(_SM90_ONLY, logits_shapes))
+                   supports=all_of(_SM90_ONLY, logits_shapes, one_device_per_process))
 BACKEND.implements("fp8_einsum", "dsv4ops.backends.deepgemm.ops:fp8_einsum", priority=100,
-                   supports=all_of(_SM90_ONLY, einsum_bf16_out))
+                   supports=all_of(_SM90_ONLY, einsum_bf16_out, one_device_per_process))
