@@ -7,6 +7,7 @@
 Importing this package imports no vendor library and no Triton; backends load on first use.
 """
 from . import formats
+from .formats import Layout
 from .selection import Decision, decide
 from .errors import ConfigError, Dsv4opsError, InputError, UnsupportedError
 from .ops import OP_NAMES, OPS, fp8_einsum, indexer_topk, paged_mqa_logits, qnorm_rope_kv_insert, sparse_mla_decode
@@ -18,7 +19,7 @@ from . import backends, reference   # backends() lists them; backends.<vendor> a
 __version__ = "0.1.0"
 
 
-def _op_module(op_name: str):
+def _op(op_name: str):
     try:
         return OPS[op_name]
     except KeyError:
@@ -27,17 +28,17 @@ def _op_module(op_name: str):
 
 def dispatch(op_name: str, *args, **kwargs):
     """Call op ``op_name`` by name: ``dispatch("indexer_topk", logits, 512, seq_lens=lens)``."""
-    return getattr(_op_module(op_name), op_name)(*args, **kwargs)
+    return _op(op_name).function(*args, **kwargs)
 
 
 def explain(op_name: str, *args, backend: str | None = None, **kwargs) -> Decision:
     """Which implementation would run for these arguments, and why each other one would not."""
-    return decide(_op_module(op_name).validate(*args, **kwargs), backend)
+    return decide(_op(op_name).validate_call(*args, **kwargs), backend, evaluate_all=True)
 
 
 __all__ = [
     "qnorm_rope_kv_insert", "sparse_mla_decode", "paged_mqa_logits", "fp8_einsum", "indexer_topk",
     "dispatch", "explain", "prepare", "PreparedOp", "backends", "platform", "simulate_platform", "formats", "reference",
-    "Decision", "Platform", "Backend", "BackendInfo", "OP_NAMES",
+    "Decision", "Platform", "Layout", "Backend", "BackendInfo", "OP_NAMES",
     "Dsv4opsError", "InputError", "UnsupportedError", "ConfigError",
 ]

@@ -1,8 +1,8 @@
 """Helpers shared by backend packages: library probes and common capability checks.
 
-Capability checks have the shape ``check(platform, call) -> None | reason`` and may only look at
-what the dispatch signature holds (dtypes, devices, shapes without the leading dimension, non-float
-scalars, which optionals are given).
+Capability checks have the shape ``check(platform, key) -> None | reason``; ``key`` is the call's
+``DispatchKey`` (dtypes, devices, shapes without the leading dimension, non-float scalars), and
+reading anything else raises.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from .formats import Layout
 from .platform import Platform
 
 
@@ -61,10 +62,13 @@ def arch_in(*archs: str) -> Callable:
     return check
 
 
-def layout_in(*layouts: str) -> Callable:
+def layout_in(*names: str) -> Callable:
+    """Accept only the named layouts (checked against the Layout table once, here)."""
+    layouts = tuple(Layout.of(n) for n in names)
+
     def check(plat: Platform, call) -> str | None:
         if call.layout not in layouts:
-            return f"layout {call.layout!r} not supported (needs {', '.join(layouts)})"
+            return f"layout {call.layout} not supported (needs {', '.join(names)})"
         return None
     return check
 

@@ -20,7 +20,8 @@ import torch
 from . import ops, registry
 from .conformance.cases import Case, make_case
 from .conformance.compare import RULES
-from .conformance.runner import clone_kwargs
+from .conformance.runner import clone_kwargs, run_reference
+from .formats import Layout
 from .selection import decide
 
 # ---------------------------------------------------------------------------------------------
@@ -77,7 +78,7 @@ def cost(op: str, kw: dict) -> tuple[int, int]:
         rows = _selected(kw["indices"], kw.get("topk_lens"))
         if kw.get("extra_indices") is not None:
             rows += _selected(kw["extra_indices"], kw.get("extra_topk_lens"))
-        row_bytes = 584 if kw["layout"].startswith("fp8_ds_mla") else 512 * kw["kv_cache"].element_size()
+        row_bytes = Layout.of(kw["layout"]).token_bytes
         T, H, D = kw["q"].shape
         return rows * row_bytes + 2 * _nbytes(kw["q"]) + T * H * 4, 4 * rows * H * D     # QK^T and PV
     if op == "paged_mqa_logits":
@@ -96,7 +97,8 @@ def cost(op: str, kw: dict) -> tuple[int, int]:
     if op == "qnorm_rope_kv_insert":
         T, H, D = kw["q"].shape
         written = int((kw["slot_mapping"] >= 0).sum())
-        return 2 * _nbytes(kw["q"]) + _nbytes(kw["kv"], kw["positions"]) + written * (584 + 64 * 4), 0
+        row_bytes = Layout.of(kw["layout"]).token_bytes
+        return 2 * _nbytes(kw["q"]) + _nbytes(kw["kv"], kw["positions"]) + written * (row_bytes + 64 * 4), 0
     raise ValueError(op)
 
 
@@ -165,13 +167,13 @@ def _input_sets(case: Case, device, l2_bytes: int, budget: int) -> list[dict]:
     return [first] + [case.build(device, seed=i) for i in range(1, n)]
 
 
-def time_calls(fn, sets: list[dict]) -> tuple[float, str]:
+def time_calls(fn, sets: list) -> tuple[float, str]:
     """Median µs per call over the rotating sets: one CUDA graph of len(sets) calls if possible."""
     import triton.testing
 
     def all_sets():
         for kw in sets:
-            fn(**kw)
+            fn(kw)
     all_sets()
     torch.cuda.synchronize()
     try:
@@ -194,27 +196,30 @@ def bench(case_list: list[Case], backend_names: list[str], device, ceilings: Cei
     rows: list[Timing] = []
     for case in case_list:
         sets = _input_sets(case, device, l2, budget=8 << 30)
-        module = ops.OPS[case.op]
+        op = ops.OPS[case.op]
         nbytes, flops = cost(case.op, sets[0])
         ref_kwargs = clone_kwargs(sets[0])
-        ref = getattr(reference, case.op)(**ref_kwargs)
+        ref = run_reference(case.op, ref_kwargs)
+        typed_sets = [op.validate_call(**kw).args for kw in sets]
         case_rows = []
         for name in backend_names:
             backend = registry.get_backend(name)
             if backend is None or case.op not in backend.implementations:
                 continue
-            decision = decide(module.validate(**sets[0]), name)
+            decision = decide(op.validate_call(**sets[0]), name)
             if decision.selected is None:
                 why = next((c.status for c in decision.candidates if c.backend == name), "not registered")
                 case_rows.append(Timing(case.op, case.id, name, note=f"skipped: {why}"))
                 continue
             fn = decision.selected.fn
             got_kwargs = clone_kwargs(sets[0])
-            verdict = RULES[case.op](case, ref_kwargs, ref, got_kwargs, fn(**got_kwargs))
+            got = fn(op.validate_call(**got_kwargs).args)
+            verdict = RULES[case.op](case, ref_kwargs, ref, got_kwargs, got)
             if not verdict.ok:
                 case_rows.append(Timing(case.op, case.id, name, note=f"wrong result: {verdict.message}"))
                 continue
-            us, mode = time_calls(fn, sets) if torch.device(device).type == "cuda" else (_cpu_time(fn, sets), "cpu")
+            on_gpu = torch.device(device).type == "cuda"
+            us, mode = time_calls(fn, typed_sets) if on_gpu else (_cpu_time(fn, typed_sets), "cpu")
             t = Timing(case.op, case.id, name, us=us, mode=mode, gbps=nbytes / us / 1e3,
                        tflops=flops / us / 1e6 if flops else None)
             if ceilings:
@@ -233,8 +238,8 @@ def bench(case_list: list[Case], backend_names: list[str], device, ceilings: Cei
 
 def _cpu_time(fn, sets) -> float:
     start = time.perf_counter()
-    for kw in sets:
-        fn(**kw)
+    for args in sets:
+        fn(args)
     return (time.perf_counter() - start) * 1e6 / len(sets)
 
 
@@ -266,12 +271,13 @@ def dispatch_overhead(device, calls: int = 2000) -> dict[str, dict]:
     result = {}
     for op, params in TINY.items():
         kw = make_case(op, "quick", **params).build(device, seed=0)
-        module = ops.OPS[op]
-        impl = decide(module.validate(**kw)).selected
-        public = getattr(module, op)
+        call = ops.OPS[op].validate_call(**kw)
+        impl = decide(call).selected
+        public = ops.OPS[op].function
         prepared = prepare(op, **kw)
+        tensors = {k: v for k, v in kw.items() if isinstance(v, torch.Tensor)}    # what an engine passes per step
         per_call = []
-        for fn in (lambda: public(**kw), lambda: prepared.run(**kw), lambda: impl.fn(**kw)):
+        for fn in (lambda: public(**kw), lambda: prepared.run(**tensors), lambda: impl.fn(call.args)):
             fn()
             _sync(device)
             start = time.perf_counter()

@@ -29,7 +29,7 @@ def cmd_info(args) -> int:
     print()
     for op in OP_NAMES:
         case = typical_case(op)
-        decision = decide(OPS[op].validate(**case.build(device, seed=0)))
+        decision = decide(OPS[op].validate_call(**case.build(device, seed=0)))
         print(f"{op} (typical V4 input {case.id}):")
         print("  " + str(decision).replace("\n", "\n  "))
         print()

@@ -11,12 +11,12 @@ from typing import Any, Callable
 import torch
 
 
-def run_on(device: torch.device, fn: Callable[..., Any], kwargs: dict) -> Any:
-    """``fn(**kwargs)`` with ``device`` current (a no-op for the CPU or when it already is)."""
+def run_on(device: torch.device, fn: Callable[[Any], Any], args) -> Any:
+    """``fn(args)`` with ``device`` current (a no-op for the CPU or when it already is)."""
     if device.type == "cpu" or device.index is None:
-        return fn(**kwargs)
+        return fn(args)
     accelerator = getattr(torch, device.type)              # torch.cuda (also ROCm), torch.xpu
     if accelerator.current_device() == device.index:
-        return fn(**kwargs)
+        return fn(args)
     with accelerator.device(device.index):
-        return fn(**kwargs)
+        return fn(args)

@@ -16,6 +16,9 @@ Indexer key cache (spec §3): uint8 ``[num_blocks, block_size, 1, 132]``; per pa
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
 from .quant import FP8_DTYPE, FP8_MAX, as_float, pack_ue8m0_scales, to_fp8, ue8m0_scale, ue8m0_to_float
@@ -34,32 +37,75 @@ AMAX_FLOOR = 1e-4                       # vLLM writer rule (spec Decision 1)
 INDEX_DIM = 128
 INDEX_TOKEN_BYTES = INDEX_DIM + 4       # 132
 
-LAYOUTS = ("fp8_ds_mla", "fp8_ds_mla_fnuz", "bf16", "fp8_per_tensor")
+@dataclass(frozen=True, eq=False)      # one instance per layout: compared and hashed by identity
+class Layout:
+    """A KV cache layout: every fact about it in one value (ops take the name or the value).
+
+    ``kind`` is the code kernels branch on; ``query_dtype`` what ``sparse_mla_decode`` reads q as;
+    ``fp8_flavour`` the e4m3 encoding of fp8 values ("ocp", "fnuz"; None for bf16);
+    ``token_bytes`` the bytes one token occupies in a page (padding excluded)."""
+
+    name: str
+    kind: int
+    cache_dtype: torch.dtype
+    query_dtype: torch.dtype
+    fp8_flavour: str | None
+    token_bytes: int
+
+    DS_MLA: ClassVar[int] = 0
+    BF16: ClassVar[int] = 1
+    FP8_PER_TENSOR: ClassVar[int] = 2
+
+    @property
+    def is_ds_mla(self) -> bool:
+        return self.kind == Layout.DS_MLA
+
+    @property
+    def has_tensor_scale(self) -> bool:
+        """Values are ``k / kv_scale`` (fp8_per_tensor): the call's scales apply."""
+        return self.kind == Layout.FP8_PER_TENSOR
+
+    def page_bytes(self, block_size: int) -> int:
+        """Bytes per page: ``round_up(block_size * 584, 576)`` for fp8_ds_mla, else block_size * token_bytes."""
+        raw = block_size * self.token_bytes
+        return -(-raw // DS_MLA_PAGE_ALIGN) * DS_MLA_PAGE_ALIGN if self.is_ds_mla else raw
+
+    def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        if self.is_ds_mla:
+            return (num_blocks, self.page_bytes(block_size))
+        return (num_blocks, block_size, HEAD_DIM)
+
+    @staticmethod
+    def of(layout: "Layout | str") -> "Layout":
+        """The Layout named ``layout`` (a Layout is returned as is); ValueError for unknown names."""
+        if isinstance(layout, Layout):
+            return layout
+        try:
+            return LAYOUTS[layout]
+        except (KeyError, TypeError):
+            raise ValueError(f"unknown KV cache layout {layout!r}; expected one of {list(LAYOUTS)}") from None
+
+    def __str__(self) -> str:
+        return self.name
 
 
-def fp8_flavour(layout: str) -> str:
-    return "fnuz" if layout.endswith("_fnuz") else "ocp"
-
-
-def is_ds_mla(layout: str) -> bool:
-    return layout.startswith("fp8_ds_mla")
+LAYOUTS = {layout.name: layout for layout in (
+    Layout("fp8_ds_mla", Layout.DS_MLA, torch.uint8, torch.bfloat16, "ocp", DS_MLA_TOKEN_BYTES),
+    Layout("fp8_ds_mla_fnuz", Layout.DS_MLA, torch.uint8, torch.bfloat16, "fnuz", DS_MLA_TOKEN_BYTES),
+    Layout("bf16", Layout.BF16, torch.bfloat16, torch.bfloat16, None, HEAD_DIM * 2),
+    Layout("fp8_per_tensor", Layout.FP8_PER_TENSOR, torch.float8_e4m3fn, torch.float8_e4m3fn, "ocp", HEAD_DIM),
+)}
 
 
 def ds_mla_page_bytes(block_size: int) -> int:
     """Bytes per page of the fp8_ds_mla layout: ``round_up(block_size * 584, 576)``."""
-    raw = block_size * DS_MLA_TOKEN_BYTES
-    return -(-raw // DS_MLA_PAGE_ALIGN) * DS_MLA_PAGE_ALIGN
+    return LAYOUTS["fp8_ds_mla"].page_bytes(block_size)
 
 
-def kv_cache_spec(num_blocks: int, block_size: int, layout: str) -> tuple[tuple[int, ...], torch.dtype]:
+def kv_cache_spec(num_blocks: int, block_size: int, layout) -> tuple[tuple[int, ...], torch.dtype]:
     """(shape, dtype) of a KV cache in ``layout``."""
-    if is_ds_mla(layout):
-        return (num_blocks, ds_mla_page_bytes(block_size)), torch.uint8
-    if layout == "bf16":
-        return (num_blocks, block_size, HEAD_DIM), torch.bfloat16
-    if layout == "fp8_per_tensor":
-        return (num_blocks, block_size, HEAD_DIM), torch.float8_e4m3fn
-    raise ValueError(f"unknown KV cache layout {layout!r}; expected one of {LAYOUTS}")
+    layout = Layout.of(layout)
+    return layout.cache_shape(num_blocks, block_size), layout.cache_dtype
 
 
 def allocate_kv_cache(num_blocks: int, block_size: int, layout: str, device="cpu") -> torch.Tensor:
@@ -108,35 +154,33 @@ def decode_ds_mla(data: torch.Tensor, scales: torch.Tensor, flavour: str = "ocp"
 def write_kv(cache: torch.Tensor, layout: str, block_size: int, slots: torch.Tensor,
              rows: torch.Tensor, kv_scale=1.0) -> None:
     """Write rows ``[N, 512]`` (fp32 or bf16 values) at ``slots`` (int64 ``[N]``; ``< 0`` skipped)."""
+    layout = Layout.of(layout)
     keep = slots >= 0
     slots, rows = slots[keep], rows[keep]
     block, offset = slots // block_size, slots % block_size
-    if is_ds_mla(layout):
-        data, scales = encode_ds_mla(rows, fp8_flavour(layout))
+    if layout.is_ds_mla:
+        data, scales = encode_ds_mla(rows, layout.fp8_flavour)
         data_view, scale_view = ds_mla_views(cache, block_size)
         data_view[block, offset] = data
         scale_view[block, offset] = scales
-    elif layout == "bf16":
-        cache[block, offset] = rows.to(torch.bfloat16)
-    elif layout == "fp8_per_tensor":
+    elif layout.has_tensor_scale:
         cache[block, offset] = to_fp8(rows.to(torch.float32) / as_float(kv_scale))
     else:
-        raise ValueError(f"unknown KV cache layout {layout!r}; expected one of {LAYOUTS}")
+        cache[block, offset] = rows.to(torch.bfloat16)
 
 
 def read_kv(cache: torch.Tensor, layout: str, block_size: int, slots: torch.Tensor,
             kv_scale=1.0) -> torch.Tensor:
     """Dequantized fp32 rows ``[*slots.shape, 512]`` at valid ``slots`` (any int dtype)."""
+    layout = Layout.of(layout)
     slots = slots.to(torch.int64)
     block, offset = slots // block_size, slots % block_size
-    if is_ds_mla(layout):
+    if layout.is_ds_mla:
         data_view, scale_view = ds_mla_views(cache, block_size)
-        return decode_ds_mla(data_view[block, offset], scale_view[block, offset], fp8_flavour(layout))
-    if layout == "bf16":
-        return cache[block, offset].to(torch.float32)
-    if layout == "fp8_per_tensor":
+        return decode_ds_mla(data_view[block, offset], scale_view[block, offset], layout.fp8_flavour)
+    if layout.has_tensor_scale:
         return cache[block, offset].to(torch.float32) * as_float(kv_scale)
-    raise ValueError(f"unknown KV cache layout {layout!r}; expected one of {LAYOUTS}")
+    return cache[block, offset].to(torch.float32)
 
 
 def pack_kv(rows: torch.Tensor, layout: str, block_size: int, kv_scale=1.0) -> torch.Tensor:
@@ -222,5 +266,5 @@ __all__ = [
     "DS_MLA_TOKEN_BYTES", "ds_mla_page_bytes", "kv_cache_spec", "allocate_kv_cache",
     "ds_mla_views", "encode_ds_mla", "decode_ds_mla", "write_kv", "read_kv", "pack_kv", "unpack_kv",
     "pack_index_keys", "unpack_index_keys", "index_key_views", "to_global_indices",
-    "fp8_flavour", "is_ds_mla", "pack_ue8m0_scales",
+    "Layout", "pack_ue8m0_scales",
 ]

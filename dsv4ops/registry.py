@@ -1,9 +1,11 @@
-"""Backends and the op implementations they register, each with a capability check.
+"""Ops, backends and the implementations they register, each with a capability check.
 
 A backend module (loaded lazily through the ``dsv4ops.backends`` entry-point group) declares itself
-with ``Backend(...)`` and registers implementations with ``backend.implements(op, target, ...)``.
-Nothing here imports a vendor library: a backend's ``probe`` does that when first asked, and an
-implementation's ``target`` (``"module:function"``) is imported on first call.
+with ``Backend(...)`` and registers implementations with ``backend.implements(op, target, ...)``;
+a backend may register several implementations of one op (say, one per architecture), each with
+its own check, tried in registration order. Nothing here imports a vendor library: a backend's
+``probe`` does that when first asked, and a ``target`` (``"module:function"``) is imported on
+first call. Implementations receive one argument: the op's typed args (``Op.Args``).
 """
 from __future__ import annotations
 
@@ -13,29 +15,26 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import priorities
 from .platform import Platform
 
 ENTRY_POINT_GROUP = "dsv4ops.backends"
 
-# A capability check returns None when it accepts, else the reason it declines.
+# A capability check returns None when it accepts, else the reason it declines. It receives the
+# platform and the call's DispatchKey (tensor dtypes/shapes without the leading size, non-float
+# scalars, device, size_class); reading anything else raises.
 Check = Callable[[Platform, Any], "str | None"]
-# A preference adjusts an implementation's priority for a call (measured crossovers, e.g. few heads);
-# like a check it may only look at the call's signature, including ``call.size_class``.
-Preference = Callable[[Platform, Any], int]
 
 
 @dataclass
 class Implementation:
     op: str
     backend: "Backend"
+    name: str
     target: str | Callable
     priority: int
     supports: Check | None = None
-    prefer: Preference | None = None
     _fn: Callable | None = field(default=None, repr=False)
-
-    def priority_for(self, plat: Platform, call) -> int:
-        return self.priority + (self.prefer(plat, call) if self.prefer else 0)
 
     @property
     def fn(self) -> Callable:
@@ -47,11 +46,11 @@ class Implementation:
                 self._fn = getattr(importlib.import_module(module), attr)
         return self._fn
 
-    def decline_reason(self, plat: Platform, call) -> str | None:
-        """None when this implementation can serve ``call`` on ``plat``, else why not."""
+    def decline_reason(self, plat: Platform, key) -> str | None:
+        """None when this implementation can serve the call on ``plat``, else why not."""
         reason = self.backend.decline_reason(plat)
         if reason is None and self.supports is not None:
-            reason = self.supports(plat, call)
+            reason = self.supports(plat, key)
         return reason
 
 
@@ -63,13 +62,17 @@ class Backend:
     platforms: tuple[str, ...]
     probe: Callable[[], str | None] | None = None
     description: str = ""
-    implementations: dict[str, Implementation] = field(default_factory=dict)
+    implementations: dict[str, list[Implementation]] = field(default_factory=dict)
     _probed: tuple[bool, str | None] | None = field(default=None, repr=False)
 
-    def implements(self, op: str, target: str | Callable, *, priority: int, supports: Check | None = None,
-                   prefer: Preference | None = None):
-        impl = Implementation(op, self, target, priority, supports, prefer)
-        self.implementations[op] = impl
+    def implements(self, op: str, target: str | Callable, *, name: str | None = None, priority: int | None = None,
+                   supports: Check | None = None) -> Implementation:
+        """Register an implementation of ``op``; ``priority`` only for backends not in the
+        priorities table (out-of-tree plugins)."""
+        impls = self.implementations.setdefault(op, [])
+        impl = Implementation(op, self, name or self.name, target, priorities.priority(op, self.name, priority),
+                              supports)
+        impls[:] = [i for i in impls if i.name != impl.name] + [impl]
         _register(impl)
         return impl
 
@@ -99,10 +102,35 @@ class BackendInfo:
 
 
 _lock = threading.RLock()
+_ops: dict[str, Any] = {}
 _backends: dict[str, Backend] = {}
 _implementations: dict[str, list[Implementation]] = {}
+_listeners: list[Callable[[], None]] = []
 _loaded = False
 _load_errors: dict[str, str] = {}
+
+
+def register_op(op) -> None:
+    with _lock:
+        _ops[op.name] = op
+
+
+def op_names() -> tuple[str, ...]:
+    return tuple(_ops)
+
+
+def get_op(name: str):
+    return _ops.get(name)
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call ``listener`` whenever implementations change (selection drops its cached decisions)."""
+    _listeners.append(listener)
+
+
+def _changed() -> None:
+    for listener in _listeners:
+        listener()
 
 
 def register_backend(backend: Backend) -> Backend:
@@ -117,21 +145,18 @@ def unregister_backend(name: str) -> None:
         _backends.pop(name, None)
         for op, impls in _implementations.items():
             _implementations[op] = [i for i in impls if i.backend.name != name]
-    from . import selection
-
-    selection.clear_cache()
+    _changed()
 
 
 def _register(impl: Implementation) -> None:
     with _lock:
-        impls = [i for i in _implementations.get(impl.op, []) if i.backend.name != impl.backend.name]
+        impls = [i for i in _implementations.get(impl.op, [])
+                 if (i.backend.name, i.name) != (impl.backend.name, impl.name)]
         impls.append(impl)
-        impls.sort(key=lambda i: -i.priority)
+        impls.sort(key=lambda i: -i.priority)          # stable: a backend's own order is kept
         _implementations[impl.op] = impls
         _backends.setdefault(impl.backend.name, impl.backend)
-    from . import selection  # a new implementation invalidates cached decisions
-
-    selection.clear_cache()
+    _changed()
 
 
 def load_backends() -> None:

@@ -1,68 +1,35 @@
-"""Choosing an implementation: ``backend=`` argument, then ``DSV4OPS_BACKEND``, then priority.
+"""Choosing and running an implementation: ``backend=`` argument, then ``DSV4OPS_BACKEND``, then priority.
 
-Decisions are cached per (op, forced backend, env setting, platform, input signature). The
-signature holds what capability checks may look at: per tensor its dtype, device and shape without
-the leading (token / batch) dimension, plus non-float scalar arguments and which optionals are
-given; so the steady state of a decode loop whose token count varies hits the cache.
+One fingerprint of a call serves every cache: per tensor its dtype, device, shape and strides, every
+other argument as it is (``fingerprint``). A call whose fingerprint was seen before goes straight to
+the implementation chosen then (``dispatch``); validation runs again only where value checks apply
+(CPU tensors, or ``DSV4OPS_DEBUG=1``). Capability checks see the call's ``DispatchKey``, a coarser
+view, so every decision cached per fingerprint is the one ``decide`` would make again.
 """
 from __future__ import annotations
 
 import functools
 import os
 import threading
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
-from . import registry
+from . import priorities, registry
 from .device_guard import run_on
 from .errors import ConfigError, UnsupportedError
 from .platform import Platform, current_simulation, platform
 from .settings import debug_enabled
 
 ENV = "DSV4OPS_BACKEND"
+PLATFORM_ENV = "DSV4OPS_PLATFORM"
 _MAX_CACHED = 4096
 
 
-@dataclass(frozen=True)
-class OpCall:
-    """Validated arguments of one op call (``kwargs`` excludes ``backend``)."""
-
-    op: str
-    kwargs: dict
-    device: torch.device
-    signature: tuple = field(default=())
-
-    @property
-    def size_class(self) -> int:
-        """``bit_length`` of the leading (token / row / batch) size: 0, 1, 2-3, 4-7, ... -> 0, 1, 2, 3.
-        Part of the signature, so decisions may depend on it and stay cached per class."""
-        return _size_class(self.kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.__dict__["kwargs"][name]
-        except KeyError:
-            raise AttributeError(name) from None
-
-
-def _size_class(kwargs: dict) -> int:
-    first = next((v for v in kwargs.values() if isinstance(v, torch.Tensor)), None)
-    return int(first.shape[0]).bit_length() if first is not None and first.dim() else 0
-
-
-def signature_of(kwargs: dict) -> tuple:
-    """The part of the arguments that capability checks may depend on (see module doc)."""
-    items = [("size_class", _size_class(kwargs))]
-    for name, value in kwargs.items():
-        if isinstance(value, torch.Tensor):
-            items.append((name, value.dtype, value.device.type, tuple(value.shape[1:]), value.dim()))
-        elif isinstance(value, float):
-            items.append((name, float))
-        else:
-            items.append((name, value))
-    return tuple(items)
+def fingerprint(args) -> tuple:
+    """Hashable structure of a call's arguments: tensor dtype, device, shape, strides; other values."""
+    return tuple((v.dtype, v.device, v.shape, v.stride()) if isinstance(v, torch.Tensor) else v for v in args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -81,8 +48,7 @@ class EnvChoice:
 @functools.lru_cache(maxsize=64)
 def parse_backend_env(value: str) -> dict[str, EnvChoice]:
     """``"triton"`` or ``"op=a|b,*=c"`` -> {op or "*": EnvChoice}. Raises ConfigError on bad syntax."""
-    from .ops import OP_NAMES
-
+    op_names = registry.op_names()
     value = value.strip()
     if not value:
         return {}
@@ -95,8 +61,8 @@ def parse_backend_env(value: str) -> dict[str, EnvChoice]:
         op, names = op.strip(), names.strip()
         if not eq or not op or not names:
             raise ConfigError(f"{ENV}: bad entry {entry!r}; expected 'backend' or 'op=backend[|backend...]'")
-        if op != "*" and op not in OP_NAMES:
-            raise ConfigError(f"{ENV}: bad entry {entry!r}: unknown op {op!r}; ops are {', '.join(OP_NAMES)} or '*'")
+        if op != "*" and op not in op_names:
+            raise ConfigError(f"{ENV}: bad entry {entry!r}: unknown op {op!r}; ops are {', '.join(op_names)} or '*'")
         if op in parsed:
             raise ConfigError(f"{ENV}: op {op!r} is given twice")
         choice = tuple(n.strip() for n in names.split("|"))
@@ -119,8 +85,10 @@ def env_choice(op: str) -> EnvChoice | None:
 @dataclass
 class Candidate:
     backend: str
+    implementation: str
     priority: int
-    status: str          # "selected", "available", or the reason it was not taken
+    status: str          # "selected", "available ...", "not evaluated ...", or the reason it declined
+
 
 @dataclass
 class Decision:
@@ -142,17 +110,28 @@ class Decision:
 
         head = f"{self.op} on {self.platform}: "
         head += f"{self.backend} (by {self.source})" if self.selected else f"no implementation ({self.error})"
-        rows = [(c.backend, str(c.priority), c.status) for c in self.candidates]
-        return head + "\n" + render_table(("backend", "priority", "status"), rows)
+        rows = [(c.implementation, str(c.priority), c.status) for c in self.candidates]
+        return head + "\n" + render_table(("implementation", "priority", "status"), rows)
 
 
-def decide(call: OpCall, backend: str | None = None) -> Decision:
-    """Pick the implementation for ``call`` without raising (the error, if any, is in the Decision)."""
+def _ordered(call, plat: Platform) -> list[tuple[int, registry.Implementation]]:
+    """Implementations by effective priority: the table's, with measured preferences applied."""
+    impls = registry.implementations(call.op)
+    prefs = priorities.preferred(call.op, plat.key, call.key)
+    base = {i.backend.name: max(j.priority for j in impls if j.backend.name == i.backend.name) for i in impls}
+    ranked = [(base[prefs[i.backend.name]] + 1 if prefs.get(i.backend.name) in base else i.priority, i)
+              for i in impls]
+    return sorted(ranked, key=lambda r: -r[0])
+
+
+def decide(call, backend: str | None = None, *, evaluate_all: bool = False) -> Decision:
+    """Pick the implementation for ``call`` without raising (the error, if any, is in the Decision).
+
+    Only the wanted backends are evaluated, in order, until one accepts: a forced backend is checked
+    alone, and a backend's probe runs only when it is a candidate. ``evaluate_all`` (``explain``)
+    also asks the remaining wanted ones, to report why each would or would not serve."""
     plat = platform(call.device)
-    priorities = {i.backend.name: i.priority_for(plat, call) for i in registry.implementations(call.op)}
-    impls = sorted(registry.implementations(call.op), key=lambda i: -priorities[i.backend.name])
-    reasons = {i.backend.name: i.decline_reason(plat, call) for i in impls}
-
+    ranked = _ordered(call, plat)
     if backend is not None:
         source, wanted, strict = "backend= argument", (backend,), True
     else:
@@ -160,103 +139,99 @@ def decide(call: OpCall, backend: str | None = None) -> Decision:
         if choice is not None:
             source, wanted, strict = ENV, choice.backends, choice.strict
         else:
-            source, wanted, strict = "priority", tuple(i.backend.name for i in impls), False
+            source, wanted, strict = "priority", tuple(dict.fromkeys(i.backend.name for _, i in ranked)), False
 
-    by_name = {i.backend.name: i for i in impls}
-    selected, error = None, None
+    reasons: dict[int, str | None] = {}
+    selected = None
     for name in wanted:
-        if name in by_name and reasons[name] is None:
-            selected = by_name[name]
+        for _, impl in ranked:
+            if impl.backend.name == name:
+                if selected is not None and not evaluate_all:
+                    break
+                reasons[id(impl)] = impl.decline_reason(plat, call.key)
+                if reasons[id(impl)] is None and selected is None:
+                    selected = impl
+        if selected is not None and not evaluate_all:
             break
+
+    error = None
     if selected is None:
         why = []
         for name in wanted:
-            if name not in by_name:
-                known = registry.get_backend(name)
-                why.append(f"{name}: " + ("does not implement this op" if known else "no such backend"))
+            declined = [f"{i.name}: {reasons[id(i)]}" for _, i in ranked if i.backend.name == name]
+            if declined:
+                why += declined
             else:
-                why.append(f"{name}: {reasons[name]}")
+                why.append(f"{name}: " + ("does not implement this op" if registry.get_backend(name)
+                                          else "no such backend"))
         verb = "forced by" if strict else "chosen from"
         error = f"{call.op}: no implementation can serve these inputs ({verb} {source}): " + "; ".join(why)
 
     candidates = []
-    for impl in impls:
-        name = impl.backend.name
+    for prio, impl in ranked:
         if impl is selected:
             status = "selected"
-        elif reasons[name] is not None:
-            status = reasons[name]
-        elif name not in wanted:
-            status = f"available, excluded by {source}"
+        elif reasons.get(id(impl)) is not None:
+            status = reasons[id(impl)]
+        elif impl.backend.name not in wanted:
+            status = f"not evaluated, excluded by {source}"
+        elif id(impl) not in reasons:
+            status = "not evaluated, " + ("lower priority" if source == "priority" else "later in the list")
         else:
-            status = "available, lower priority" if source == "priority" else "available, later in the list"
-        candidates.append(Candidate(name, priorities[name], status))
+            status = "available, " + ("lower priority" if source == "priority" else "later in the list")
+        candidates.append(Candidate(impl.backend.name, impl.name, prio, status))
     return Decision(call.op, plat, source, selected, candidates, error)
 
 
-_cache: dict[tuple, registry.Implementation] = {}
+# ---------------------------------------------------------------------------------------------
+# The hot path
+
+@dataclass(frozen=True)
+class _Chosen:
+    fn: Callable
+    device: torch.device
+    normalized: dict            # argument values validation normalized (a layout name -> Layout)
+    value_checked: bool         # CPU tensors: validation (value checks) runs on every call
+
+
+_cache: dict[tuple, _Chosen] = {}
 _cache_lock = threading.Lock()
 
 
 def clear_cache() -> None:
     with _cache_lock:
         _cache.clear()
-        _fast.clear()
 
 
-def select(call: OpCall, backend: str | None = None) -> registry.Implementation:
+registry.on_change(clear_cache)
+
+
+def choose(op, call, backend: str | None) -> registry.Implementation:
     """The implementation that runs ``call``; raises UnsupportedError when none can."""
-    plat = platform(call.device)
-    key = (call.op, backend, os.environ.get(ENV, ""), plat, call.signature)
-    impl = _cache.get(key)
-    if impl is not None:
-        return impl
     decision = decide(call, backend)
     if decision.selected is None:
         raise UnsupportedError(decision.error)
-    with _cache_lock:
-        if len(_cache) >= _MAX_CACHED:
-            _cache.clear()
-        _cache[key] = decision.selected
     return decision.selected
 
 
-# Fast path. Structural validation and selection depend only on the arguments' structure (dtype,
-# device, shape, strides; scalar values), so for accelerator tensors, where value checks run only
-# with DSV4OPS_DEBUG=1, a call whose structure was seen before goes straight to the implementation.
-_fast: dict[tuple, object] = {}
-
-
-def structure(kwargs: dict, cpu_ok: bool = False) -> tuple | None:
-    """Hashable structure of the arguments (tensor dtype, device, shape, strides; other values as
-    they are); None when a CPU tensor needs its value checks, unless ``cpu_ok``."""
-    parts = []
-    for value in kwargs.values():
-        if isinstance(value, torch.Tensor):
-            if value.is_cpu and not cpu_ok:
-                return None
-            parts.append((value.dtype, value.get_device(), value.shape, value.stride()))
-        else:
-            parts.append(value)
-    return tuple(parts)
-
-
-def call_op(validate, kwargs: dict, backend: str | None):
-    """Validate, select and run, skipping validation and selection for a structure seen before."""
-    key = None
-    if not debug_enabled():
-        shape = structure(kwargs)
-        if shape is not None:
-            key = (validate, backend, os.environ.get(ENV, ""), os.environ.get("DSV4OPS_PLATFORM", ""),
-                   current_simulation(), shape)
-            hit = _fast.get(key)
-            if hit is not None:
-                return run_on(hit[1], hit[0], kwargs)
-    call = validate(**kwargs)
-    impl = select(call, backend)
-    if key is not None:
-        with _cache_lock:
-            if len(_fast) >= _MAX_CACHED:
-                _fast.clear()
-            _fast[key] = (impl.fn, call.device)
-    return run_on(call.device, impl.fn, call.kwargs)
+def dispatch(op, args, backend: str | None) -> Any:
+    """Validate, choose and run one call of ``op`` (typed ``args``), on the device of its tensors."""
+    environ = os.environ
+    key = (op, backend, environ.get(ENV, ""), environ.get(PLATFORM_ENV, ""), current_simulation(),
+           fingerprint(args))
+    chosen = _cache.get(key)
+    if chosen is None or chosen.value_checked or debug_enabled():
+        call = op.validate(args)
+        if chosen is None:
+            impl = choose(op, call, backend)
+            normalized = {name: new for name, old, new in zip(args._fields, args, call.args)
+                          if new is not old and not isinstance(new, torch.Tensor)}
+            chosen = _Chosen(impl.fn, call.device, normalized, call.device.type == "cpu")
+            with _cache_lock:
+                if len(_cache) >= _MAX_CACHED:
+                    _cache.clear()
+                _cache[key] = chosen
+        args = call.args
+    elif chosen.normalized:
+        args = args._replace(**chosen.normalized)
+    return run_on(chosen.device, chosen.fn, args)

@@ -6,9 +6,9 @@ import torch
 BLOCK = 128
 
 
-def fp8_einsum(equation, a, a_scale, b, b_scale, *, out=None, out_dtype=torch.bfloat16):
-    a_deq = a.to(torch.float64) * a_scale.to(torch.float64).repeat_interleave(BLOCK, dim=-1)
-    b_scales = b_scale.to(torch.float64).repeat_interleave(BLOCK, dim=1).repeat_interleave(BLOCK, dim=2)
-    b_deq = b.to(torch.float64) * b_scales
-    result = torch.einsum("bhr,hdr->bhd", a_deq, b_deq).to(out_dtype).contiguous()
-    return result if out is None else out.copy_(result)
+def fp8_einsum(args):
+    a_deq = args.a.to(torch.float64) * args.a_scale.to(torch.float64).repeat_interleave(BLOCK, dim=-1)
+    b_scales = args.b_scale.to(torch.float64).repeat_interleave(BLOCK, dim=1).repeat_interleave(BLOCK, dim=2)
+    b_deq = args.b.to(torch.float64) * b_scales
+    result = torch.einsum("bhr,hdr->bhd", a_deq, b_deq).to(args.out_dtype).contiguous()
+    return result if args.out is None else args.out.copy_(result)

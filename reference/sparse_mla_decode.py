@@ -22,29 +22,27 @@ def gather_selected(cache, layout, block_size, indices, lens, kv_scale):
     return torch.where(valid[..., None], rows, torch.zeros((), device=rows.device)), valid
 
 
-def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_size, softmax_scale,
-                      attn_sink=None, extra_kv_cache=None, extra_indices=None, extra_topk_lens=None,
-                      extra_block_size=None, kv_scale=1.0, q_scale=1.0, out=None, need_lse=True):
-    keys, valid = gather_selected(kv_cache, layout, block_size, indices, topk_lens, kv_scale)
-    if extra_kv_cache is not None:
-        extra_keys, extra_valid = gather_selected(extra_kv_cache, layout, extra_block_size, extra_indices,
-                                                  extra_topk_lens, kv_scale)
+def sparse_mla_decode(a):
+    keys, valid = gather_selected(a.kv_cache, a.layout, a.block_size, a.indices, a.topk_lens, a.kv_scale)
+    if a.extra_kv_cache is not None:
+        extra_keys, extra_valid = gather_selected(a.extra_kv_cache, a.layout, a.extra_block_size, a.extra_indices,
+                                                  a.extra_topk_lens, a.kv_scale)
         keys, valid = torch.cat([keys, extra_keys], 1), torch.cat([valid, extra_valid], 1)
 
-    qf = q.to(torch.float32)
-    if layout == "fp8_per_tensor":
-        qf = qf * (q_scale.to(qf.device) if isinstance(q_scale, torch.Tensor) else q_scale)
-    scores = torch.einsum("thd,tkd->thk", qf, keys) * softmax_scale       # duplicates count twice
+    qf = a.q.to(torch.float32)
+    if a.layout.has_tensor_scale:
+        qf = qf * (a.q_scale.to(qf.device) if isinstance(a.q_scale, torch.Tensor) else a.q_scale)
+    scores = torch.einsum("thd,tkd->thk", qf, keys) * a.softmax_scale       # duplicates count twice
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)                                  # [T, H]; -inf when empty
     lonely = lse == float("-inf")
     probs = torch.exp(scores - torch.where(lonely, 0.0, lse)[..., None])
     o = torch.einsum("thk,tkd->thd", probs, keys)
-    if attn_sink is not None:                                              # lse excludes the sink
-        o = o * torch.sigmoid(lse - attn_sink.to(torch.float32)[None, :])[..., None]
+    if a.attn_sink is not None:                                              # lse excludes the sink
+        o = o * torch.sigmoid(lse - a.attn_sink.to(torch.float32)[None, :])[..., None]
     o = torch.where(lonely[..., None], 0.0, o)
     lse = torch.where(lonely, float("inf"), lse)
     result = o.to(torch.bfloat16).contiguous()
-    if out is not None:
-        result = out.copy_(result)
-    return result, lse if need_lse else None
+    if a.out is not None:
+        result = a.out.copy_(result)
+    return result, lse if a.need_lse else None

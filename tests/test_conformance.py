@@ -92,7 +92,7 @@ def test_suite_catches_broken_implementation(op, impl, params):
     from dsv4ops.conformance.cases import make_case
 
     broken = register_backend(Backend("broken", ("cpu", "cuda")))
-    broken.implements(op, impl, priority=-1)
+    broken.implements(op, lambda args: impl(**args._asdict()), priority=-1)   # typed args -> keywords
     try:
         case = make_case(op, **params)
         result = run_case(case, "broken", "cpu", seed=3)

@@ -24,9 +24,9 @@ def fakes():
     calls = []
 
     def make(name):
-        def impl(**kw):
+        def impl(args):                               # implementations receive the typed args
             calls.append(name)
-            return dsv4ops.reference.indexer_topk(**kw)
+            return registry.get_backend("reference").implementations["indexer_topk"][0].fn(args)
         return impl
 
     fast = register_backend(Backend("fast", ("cpu", "cuda")))
@@ -144,11 +144,12 @@ def test_decisions_are_cached_and_thread_safe(fakes):
     for t in threads:
         t.join()
     assert not errors and set(fakes) == {"fast"}
-    keys = [k for k in selection._cache if k[0] == "indexer_topk"]
+    keys = [k for k in selection._cache if k[0].name == "indexer_topk"]
     assert len(keys) == 1
     dsv4ops.indexer_topk(**{**kw, "logits": torch.randn(7, 64), "row_starts": torch.zeros(7, dtype=torch.int32),
                             "row_ends": torch.full((7,), 64, dtype=torch.int32)})
-    assert len([k for k in selection._cache if k[0] == "indexer_topk"]) == 1   # a new row count: same decision
+    assert len([k for k in selection._cache if k[0].name == "indexer_topk"]) == 2   # one entry per fingerprint
+    assert fakes[-1] == "fast"                                                      # the same decision
 
 
 def test_dispatch_by_name_and_unknown_op():
@@ -172,15 +173,13 @@ def test_import_loads_no_vendor_library():
 
 
 def test_fast_path_skips_validation_only_for_known_structures(fakes, monkeypatch):
-    """On accelerators a structure seen before skips validation and selection; anything new
+    """On accelerators a fingerprint seen before skips validation and selection; anything new
     (shape, dtype, backend setting) goes through both again."""
     from dsv4ops.ops import OPS
-    structure = lambda kwargs: tuple((v.dtype, v.shape, v.stride()) if isinstance(v, torch.Tensor) else v
-                                     for v in kwargs.values())
-    monkeypatch.setattr(selection, "structure", structure)       # treat the CPU tensors as device tensors
+    monkeypatch.setattr(selection, "_Chosen", _AcceleratorChosen)   # treat the CPU tensors as device tensors
     validated = []
     real = OPS["indexer_topk"].validate
-    monkeypatch.setattr(OPS["indexer_topk"], "validate", lambda *a, **k: validated.append(1) or real(*a, **k))
+    monkeypatch.setattr(OPS["indexer_topk"], "validate", lambda args: validated.append(1) or real(args))
     kw = topk_args()
     for _ in range(3):
         dsv4ops.indexer_topk(**kw)
@@ -197,20 +196,52 @@ def test_fast_path_skips_validation_only_for_known_structures(fakes, monkeypatch
     assert len(validated) == 5                                   # debug: always validated
 
 
+class _AcceleratorChosen(selection._Chosen):
+    """A cached choice that, like one for accelerator tensors, skips validation on a hit."""
+
+    def __init__(self, fn, device, normalized, value_checked):
+        super().__init__(fn, device, normalized, False)
+
+
+def test_capability_checks_see_only_the_dispatch_key():
+    from dsv4ops.conformance.cases import make_case
+    from dsv4ops.ops import OPS
+    kw = make_case("sparse_mla_decode", T=5, H=8, topk=32, layout="fp8_ds_mla").build("cpu", 0)
+    key = OPS["sparse_mla_decode"].validate_call(**kw).key
+    assert key.q.shape == (None, 8, 512) and key.layout.name == "fp8_ds_mla" and key.size_class == 3
+    with pytest.raises(AttributeError, match="not part of sparse_mla_decode's dispatch key"):
+        key.softmax_scale                                        # a float: decisions may not depend on it
+
+
+def test_forced_backend_is_checked_alone(fakes):
+    """Forcing a backend evaluates only it: no other backend's check or probe runs."""
+    asked = []
+    probe = register_backend(Backend("probe_counter", ("cpu",)))
+    probe.implements("indexer_topk", lambda a: None, priority=95, supports=lambda p, k: asked.append(1))
+    try:
+        dsv4ops.indexer_topk(**topk_args(), backend="slow")
+        assert not asked
+        d = dsv4ops.explain("indexer_topk", **topk_args(), backend="slow")
+        assert {c.backend: c.status for c in d.candidates}["fast"] == "not evaluated, excluded by backend= argument"
+    finally:
+        unregister_backend("probe_counter")
+
+
 def test_preference_by_heads_and_size_class():
     """The Triton decode outranks FlashMLA on sm90 for few heads and up to 255 tokens (measured)."""
     from dsv4ops.conformance.cases import make_case
     from dsv4ops.ops import OPS
-    triton = registry.get_backend("triton").implementations["sparse_mla_decode"]
+    from dsv4ops.priorities import preferred
 
-    def priority(T, H):
+    def prefs(T, H):
         kw = make_case("sparse_mla_decode", **dict(T=T, H=H, topk=32, layout="fp8_ds_mla")).build("cpu", 0)
-        return triton.priority_for(dsv4ops.platform(), OPS["sparse_mla_decode"].validate(**kw))
+        key = OPS["sparse_mla_decode"].validate_call(**kw).key
+        return preferred("sparse_mla_decode", dsv4ops.platform().key, key)
 
     with dsv4ops.simulate_platform("cuda", "sm90"):
-        assert priority(T=8, H=16) == 110 and priority(T=8, H=64) == 50 and priority(T=256, H=16) == 50
+        assert prefs(T=8, H=16) == {"triton": "flashmla"} and prefs(T=8, H=64) == {} and prefs(T=256, H=16) == {}
     with dsv4ops.simulate_platform("cuda", "sm100"):
-        assert priority(T=8, H=16) == 50
+        assert prefs(T=8, H=16) == {}
 
 
 @pytest.mark.parametrize("cc,arch", [((9, 0), "sm90"), ((10, 0), "sm100"), ((10, 3), "sm103"), ((12, 0), "sm120"),

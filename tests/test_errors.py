@@ -142,7 +142,7 @@ def test_input_error_is_value_error():
 
 
 def test_value_checks_skipped_on_gpu_without_debug(monkeypatch):
-    from dsv4ops.ops._validate import Checker
+    from dsv4ops.checker import Checker
     monkeypatch.setenv("DSV4OPS_DEBUG", "1")
     assert Checker("x").debug
     monkeypatch.setenv("DSV4OPS_DEBUG", "0")

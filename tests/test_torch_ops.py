@@ -14,21 +14,28 @@ def build(op, **params):
     return make_case(op, **params).build("cpu", seed=4)
 
 
+def split(name, kw):
+    """Public-function keywords -> (positional, keyword) arguments of the torch op, from the op's spec."""
+    spec = dsv4ops.ops.OPS[name].spec
+    args = tuple(kw[a.name] for a in spec.args if not a.keyword_only)
+    kwargs = {a.name: kw[a.name] for a in spec.args if a.keyword_only and a.name in kw and kw[a.name] is not None}
+    return args, kwargs
+
+
 def sample_calls():
     kw = build("qnorm_rope_kv_insert", T=3, H=4, layout="fp8_ds_mla", block_size=16, num_blocks=2)
-    yield "qnorm_rope_kv_insert", (kw["q"], kw["kv"], kw["positions"], kw["cos_sin_cache"], kw["kv_cache"],
-                                   kw["slot_mapping"], torch.empty_like(kw["q"]), "fp8_ds_mla", 16)
+    yield "qnorm_rope_kv_insert", split("qnorm_rope_kv_insert", {**kw, "out": torch.empty_like(kw["q"])})
     kw = build("sparse_mla_decode", T=3, H=4, topk=32, layout="fp8_ds_mla", extra_topk=32, extra_block_size=2)
-    yield "sparse_mla_decode", (kw["q"], kw["kv_cache"], kw["indices"], kw["topk_lens"], "fp8_ds_mla", 64,
-                                kw["softmax_scale"], kw["attn_sink"], kw["extra_kv_cache"], kw["extra_indices"],
-                                kw["extra_topk_lens"], 2)
+    yield "sparse_mla_decode", split("sparse_mla_decode", {**kw, "out": None})
+    out = torch.empty(3, 4, 512, dtype=torch.bfloat16)
+    yield "sparse_mla_decode_out", split("sparse_mla_decode", {**kw, "out": out})
     kw = build("paged_mqa_logits", B=2, next_n=2, context=32, H=4, block_size=16, clean=True)
-    yield "paged_mqa_logits", (kw["q"], kw["kv_cache"], kw["weights"], kw["context_lens"], kw["block_table"],
-                               kw["max_context_len"], True)
+    yield "paged_mqa_logits", split("paged_mqa_logits", {**kw, "out": None})
     kw = build("fp8_einsum", B=3, H=2, D=128, R=256)
-    yield "fp8_einsum", (kw["equation"], kw["a"], kw["a_scale"], kw["b"], kw["b_scale"])
+    yield "fp8_einsum", split("fp8_einsum", {**kw, "out": None})
     kw = build("indexer_topk", R=4, W=64, k=8, mode="ranges")
-    yield "indexer_topk", (kw["logits"], 8, kw["row_starts"], kw["row_ends"])
+    yield "indexer_topk", split("indexer_topk", {**kw, "out": None})
+    yield "indexer_topk_out", split("indexer_topk", {**kw, "out": torch.empty(4, 8, dtype=torch.int32)})
 
 
 SAMPLES = list(sample_calls())
@@ -39,10 +46,23 @@ SAMPLES = list(sample_calls())
 FP8_INPUTS = {"paged_mqa_logits", "fp8_einsum"}
 
 
-@pytest.mark.parametrize("name,args", SAMPLES, ids=[n for n, _ in SAMPLES])
-def test_opcheck(name, args):
+@pytest.mark.parametrize("name,call", SAMPLES, ids=[n for n, _ in SAMPLES])
+def test_opcheck(name, call):
     utils = ("test_faketensor", "test_aot_dispatch_dynamic") + (() if name in FP8_INPUTS else ("test_schema",))
-    torch.library.opcheck(getattr(OPS, name), args, test_utils=utils)
+    torch.library.opcheck(getattr(OPS, name), *call, test_utils=utils)
+
+
+@pytest.mark.parametrize("name", dsv4ops.OP_NAMES)
+def test_torch_op_takes_every_argument_of_the_public_function(name):
+    """Parity: the functional torch op and its out form together take exactly the public arguments."""
+    import inspect
+    op = dsv4ops.ops.OPS[name]
+    public = [p for p in inspect.signature(op.function).parameters if p != "backend"]
+    forms = [getattr(OPS, name)] + ([getattr(OPS, name + "_out")] if hasattr(OPS, name + "_out") else [])
+    taken = set()
+    for form in forms:
+        taken |= {a.name for a in form.default._schema.arguments}
+    assert taken == set(public), (taken, public)
 
 
 class DecodeStep(torch.nn.Module):
@@ -50,10 +70,11 @@ class DecodeStep(torch.nn.Module):
 
     def forward(self, q, kv, positions, cos_sin, cache, slots, idx, lens, sink, idx_q, idx_cache, weights, ctx,
                 table):
-        OPS.qnorm_rope_kv_insert(q, kv, positions, cos_sin, cache, slots, q, "fp8_ds_mla", 64)
-        logits = OPS.paged_mqa_logits(idx_q, idx_cache, weights, ctx, table, 64, True)
-        top = OPS.indexer_topk(logits, 16, None, None, ctx, 1)
-        out, lse = OPS.sparse_mla_decode(q, cache, idx, lens, "fp8_ds_mla", 64, 512 ** -0.5, sink)
+        OPS.qnorm_rope_kv_insert(q, kv, positions, cos_sin, cache, slots, layout="fp8_ds_mla", block_size=64, out=q)
+        logits = OPS.paged_mqa_logits(idx_q, idx_cache, weights, ctx, table, 64, clean=True)
+        top = OPS.indexer_topk(logits, 16, seq_lens=ctx, next_n=1)
+        out, lse = OPS.sparse_mla_decode(q, cache, idx, lens, layout="fp8_ds_mla", block_size=64,
+                                         softmax_scale=512 ** -0.5, attn_sink=sink)
         return out, lse, top
 
 

@@ -47,7 +47,7 @@ def one_device_per_process(plat: Platform, call) -> str | None:
 
 
 _SM90_ONLY = arch_in("sm90")   # SM100 needs bf16 weights / MX scales and packed UE8M0: not adapted yet
-BACKEND.implements("paged_mqa_logits", "dsv4ops.backends.deepgemm.ops:paged_mqa_logits", priority=100,
+BACKEND.implements("paged_mqa_logits", "dsv4ops.backends.deepgemm.ops:paged_mqa_logits",
                    supports=all_of(_SM90_ONLY, logits_shapes, one_device_per_process))
-BACKEND.implements("fp8_einsum", "dsv4ops.backends.deepgemm.ops:fp8_einsum", priority=100,
+BACKEND.implements("fp8_einsum", "dsv4ops.backends.deepgemm.ops:fp8_einsum",
                    supports=all_of(_SM90_ONLY, einsum_bf16_out, one_device_per_process))

@@ -7,32 +7,31 @@ from dsv4ops.ops._rows import decode_row_ends
 from dsv4ops.platform import multiprocessors
 
 
-def paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, max_context_len, *, clean=False,
-                     out=None):
+def paged_mqa_logits(a):
     """Both API generations; 1-D lengths are expanded to the 2-D form this build requires."""
     import deep_gemm
 
-    B, next_n = q.shape[:2]
+    B, next_n = a.q.shape[:2]
     rows = B * next_n
-    limits = decode_row_ends(context_lens, next_n)
-    if B == 0 or max_context_len == 0:
-        result = torch.empty(rows, max_context_len, device=q.device)
-        return result if out is None else out
+    limits = decode_row_ends(a.context_lens, next_n)
+    if B == 0 or a.max_context_len == 0:
+        result = torch.empty(rows, a.max_context_len, device=a.q.device)
+        return result if a.out is None else a.out
     ctx = limits.view(B, next_n).to(torch.int32)
-    meta = deep_gemm.get_paged_mqa_logits_metadata(ctx, kv_cache.shape[1], multiprocessors(q.device))
+    meta = deep_gemm.get_paged_mqa_logits_metadata(ctx, a.kv_cache.shape[1], multiprocessors(a.q.device))
     if hasattr(deep_gemm, "fp8_fp4_paged_mqa_logits"):
-        logits = deep_gemm.fp8_fp4_paged_mqa_logits((q, None), kv_cache, weights, ctx, block_table, meta,
-                                                    max_context_len)
+        logits = deep_gemm.fp8_fp4_paged_mqa_logits((a.q, None), a.kv_cache, a.weights, ctx, a.block_table, meta,
+                                                    a.max_context_len)
     else:
-        logits = deep_gemm.fp8_paged_mqa_logits(q, kv_cache, weights, ctx, block_table, meta, max_context_len,
+        logits = deep_gemm.fp8_paged_mqa_logits(a.q, a.kv_cache, a.weights, ctx, a.block_table, meta, a.max_context_len,
                                                 False)
-    logits = logits[:, :max_context_len]
-    if clean:
-        cols = torch.arange(max_context_len, device=q.device)
+    logits = logits[:, :a.max_context_len]
+    if a.clean:
+        cols = torch.arange(a.max_context_len, device=a.q.device)
         logits = logits.masked_fill(cols[None, :] >= limits[:, None], float("-inf"))
-    if out is None:
+    if a.out is None:
         return logits.contiguous()
-    return out.copy_(logits)
+    return a.out.copy_(logits)
 
 
 def mn_major_scales(a_scale: torch.Tensor) -> torch.Tensor:
@@ -46,13 +45,13 @@ def mn_major_scales(a_scale: torch.Tensor) -> torch.Tensor:
     return view
 
 
-def fp8_einsum(equation, a, a_scale, b, b_scale, *, out=None, out_dtype=torch.bfloat16):
+def fp8_einsum(args):
     import deep_gemm
 
-    B, H, _ = a.shape
-    D = b.shape[1]
-    d = torch.empty(B, H, D, dtype=out_dtype, device=a.device) if out is None else out
+    B, H, _ = args.a.shape
+    D = args.b.shape[1]
+    d = torch.empty(B, H, D, dtype=args.out_dtype, device=args.a.device) if args.out is None else args.out
     if B == 0:
         return d
-    deep_gemm.fp8_einsum(equation, (a, mn_major_scales(a_scale)), (b, b_scale), d)
+    deep_gemm.fp8_einsum(args.equation, (args.a, mn_major_scales(args.a_scale)), (args.b, args.b_scale), d)
     return d

@@ -18,7 +18,7 @@ def topk_multiple(plat: Platform, call) -> str | None:
     """FlashMLA walks the index lists in tiles of 64 (128 for h_q = 128 on SM100)."""
     tile = 128 if plat.arch.startswith("sm10") and call.q.shape[1] > 64 else 64
     for name in ("indices", "extra_indices"):
-        idx = call.kwargs.get(name)
+        idx = call.get(name)
         if idx is not None and idx.shape[1] % tile:
             return f"{name} width {idx.shape[1]} is not a multiple of {tile}"
     return None
@@ -29,14 +29,16 @@ def _runs_on(device_index: int) -> str | None:
     """Run one tiny sparse decode: some builds (sgl-flash-mla 1.0.0) load on SM90 but raise there."""
     from .decode import sparse_mla_decode
     from dsv4ops import formats
+    from dsv4ops.ops import OPS
 
     dev = torch.device("cuda", device_index)
     try:
         with torch.cuda.device(dev):
             cache = formats.allocate_kv_cache(1, 64, "fp8_ds_mla", dev)
             idx = torch.arange(64, dtype=torch.int32, device=dev).view(1, 64)
-            sparse_mla_decode(torch.zeros(1, 64, 512, dtype=torch.bfloat16, device=dev), cache, idx,
-                              layout="fp8_ds_mla", block_size=64, softmax_scale=1.0)
+            sparse_mla_decode(OPS["sparse_mla_decode"].bind(
+                torch.zeros(1, 64, 512, dtype=torch.bfloat16, device=dev), cache, idx,
+                layout=formats.LAYOUTS["fp8_ds_mla"], block_size=64, softmax_scale=1.0))
             torch.cuda.synchronize(dev)
     except Exception as exc:
         return f"the installed flash_mla cannot decode on this GPU ({type(exc).__name__}: {str(exc)[:120]})"
@@ -50,6 +52,6 @@ def build_runs_here(plat: Platform, call) -> str | None:
 
 
 BACKEND.implements(
-    "sparse_mla_decode", "dsv4ops.backends.flashmla.decode:sparse_mla_decode", priority=100,
+    "sparse_mla_decode", "dsv4ops.backends.flashmla.decode:sparse_mla_decode",
     supports=all_of(arch_in("sm90", "sm100", "sm103"), layout_in("fp8_ds_mla"), topk_multiple, build_runs_here),
 )

@@ -22,28 +22,26 @@ def cache_view(cache: torch.Tensor, block_size: int) -> torch.Tensor:
                                                                      formats.DS_MLA_TOKEN_BYTES)
 
 
-def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_size, softmax_scale,
-                      attn_sink=None, extra_kv_cache=None, extra_indices=None, extra_topk_lens=None,
-                      extra_block_size=None, kv_scale=1.0, q_scale=1.0, out=None, need_lse=True):
+def sparse_mla_decode(a):
     import flash_mla
 
-    T, H, _ = q.shape
+    T, H, _ = a.q.shape
     if T == 0:
-        return decode_output(q, out), torch.empty(0, H, dtype=torch.float32, device=q.device) if need_lse else None
+        return decode_output(a.q, a.out), torch.empty(0, H, dtype=torch.float32, device=a.q.device) if a.need_lse else None
     Hp = padded_heads(H)
-    q_p, sink_p = pad_heads(q, attn_sink, Hp)
+    q_p, sink_p = pad_heads(a.q, a.attn_sink, Hp)
     extra = {}
-    if extra_kv_cache is not None:
-        extra = dict(extra_k_cache=cache_view(extra_kv_cache, extra_block_size),
-                     extra_indices_in_kvcache=extra_indices.unsqueeze(1), extra_topk_length=extra_topk_lens)
+    if a.extra_kv_cache is not None:
+        extra = dict(extra_k_cache=cache_view(a.extra_kv_cache, a.extra_block_size),
+                     extra_indices_in_kvcache=a.extra_indices.unsqueeze(1), extra_topk_length=a.extra_topk_lens)
     sched, _ = flash_mla.get_mla_metadata()
     o, lse = flash_mla.flash_mla_with_kvcache(
-        q_p.unsqueeze(1), cache_view(kv_cache, block_size), None, None, head_dim_v=512,
-        tile_scheduler_metadata=sched, num_splits=None, softmax_scale=softmax_scale, causal=False,
-        is_fp8_kvcache=True, indices=indices.unsqueeze(1), attn_sink=sink_p, topk_length=topk_lens, **extra)
+        q_p.unsqueeze(1), cache_view(a.kv_cache, a.block_size), None, None, head_dim_v=512,
+        tile_scheduler_metadata=sched, num_splits=None, softmax_scale=a.softmax_scale, causal=False,
+        is_fp8_kvcache=True, indices=a.indices.unsqueeze(1), attn_sink=sink_p, topk_length=a.topk_lens, **extra)
     o = o[:, 0, :H]
-    lse = lse[:, :H, 0].contiguous() if need_lse else None
-    if out is None:
+    lse = lse[:, :H, 0].contiguous() if a.need_lse else None
+    if a.out is None:
         return o.contiguous() if Hp != H else o, lse
-    out.copy_(o)
-    return out, lse
+    a.out.copy_(o)
+    return a.out, lse

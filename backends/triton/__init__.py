@@ -33,24 +33,17 @@ def runs_here(plat: Platform, call) -> str | None:
 
 def fp8_flavour_matches(plat: Platform, call) -> str | None:
     """FNUZ e4m3 exists on gfx942 only; OCP e4m3 everywhere else (ROCm gfx950 included)."""
-    layout = call.kwargs.get("layout", "")
-    if layout.endswith("_fnuz") and plat.vendor in ("cuda", "xpu"):
+    layout = call.get("layout")
+    if layout is not None and layout.fp8_flavour == "fnuz" and plat.vendor in ("cuda", "xpu"):
         return f"layout {layout} (FNUZ fp8) is not supported on {plat.vendor}"
     return None
 
 
 _P = "dsv4ops.backends.triton"
-BACKEND.implements("qnorm_rope_kv_insert", f"{_P}.qnorm_rope_kv_insert:qnorm_rope_kv_insert", priority=50,
+BACKEND.implements("qnorm_rope_kv_insert", f"{_P}.qnorm_rope_kv_insert:qnorm_rope_kv_insert",
                    supports=all_of(runs_here, fp8_flavour_matches))
-def few_heads_on_hopper(plat: Platform, call) -> int:
-    """Measured on the H100 (docs/perf/H100.md, sweep): with H <= 16 heads FlashMLA pads to 64 and
-    this kernel is 1.0-1.5x faster up to T = 128 tokens (0.8x at T = 512). Outrank it there."""
-    few_heads = call.q.shape[1] <= 16
-    return 60 if plat.key == ("cuda", "sm90") and few_heads and call.size_class <= 8 else 0
-
-
-BACKEND.implements("sparse_mla_decode", f"{_P}.sparse_mla_decode:sparse_mla_decode", priority=50,
-                   supports=all_of(runs_here, fp8_flavour_matches), prefer=few_heads_on_hopper)
+BACKEND.implements("sparse_mla_decode", f"{_P}.sparse_mla_decode:sparse_mla_decode",
+                   supports=all_of(runs_here, fp8_flavour_matches))
 
 
 def next_n_power_of_two(plat: Platform, call) -> str | None:
@@ -60,7 +53,7 @@ def next_n_power_of_two(plat: Platform, call) -> str | None:
     return None
 
 
-BACKEND.implements("paged_mqa_logits", f"{_P}.paged_mqa_logits:paged_mqa_logits", priority=50,
+BACKEND.implements("paged_mqa_logits", f"{_P}.paged_mqa_logits:paged_mqa_logits",
                    supports=all_of(runs_here, next_n_power_of_two))
-BACKEND.implements("fp8_einsum", f"{_P}.fp8_einsum:fp8_einsum", priority=50, supports=runs_here)
-BACKEND.implements("indexer_topk", f"{_P}.indexer_topk:indexer_topk", priority=50, supports=runs_here)
+BACKEND.implements("fp8_einsum", f"{_P}.fp8_einsum:fp8_einsum", supports=runs_here)
+BACKEND.implements("indexer_topk", f"{_P}.indexer_topk:indexer_topk", supports=runs_here)

@@ -37,17 +37,17 @@ def _fp8_einsum_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, d_ptr, Bn, D, R,
     tl.store(out, acc.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols < D)[None, :])
 
 
-def fp8_einsum(equation, a, a_scale, b, b_scale, *, out=None, out_dtype=torch.bfloat16):
-    B, H, R = a.shape
-    D = b.shape[1]
-    out = torch.empty(B, H, D, dtype=out_dtype, device=a.device) if out is None else out
+def fp8_einsum(args):
+    B, H, R = args.a.shape
+    D = args.b.shape[1]
+    out = torch.empty(B, H, D, dtype=args.out_dtype, device=args.a.device) if args.out is None else args.out
     if B == 0:
         return out
-    tune = tuning(platform(a.device))
+    tune = tuning(platform(args.a.device))
     BM, BN = tune.einsum_block_m, tune.einsum_block_n
     grid = (triton.cdiv(B, BM), triton.cdiv(D, BN), H)
     _fp8_einsum_kernel[grid](
-        a, a_scale, b, b_scale, out, B, D, R, a.stride(0), a.stride(1), a_scale.stride(0), a_scale.stride(1),
+        args.a, args.a_scale, args.b, args.b_scale, out, B, D, R, args.a.stride(0), args.a.stride(1), args.a_scale.stride(0), args.a_scale.stride(1),
         out.stride(0), out.stride(1), BLOCK_M=BM, BLOCK_N=BN, num_warps=tune.einsum_warps,
         num_stages=tune.einsum_stages,
     )

@@ -112,27 +112,27 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
         tl.store(dst + c, tl.full((BLOCK,), -1, tl.int32), mask=(c >= want) & (c < k))
 
 
-def indexer_topk(logits, k, *, row_starts=None, row_ends=None, seq_lens=None, next_n=1, out=None):
-    R, W = logits.shape
-    out = torch.empty(R, k, dtype=torch.int32, device=logits.device) if out is None else out
+def indexer_topk(a):
+    R, W = a.logits.shape
+    out = torch.empty(R, a.k, dtype=torch.int32, device=a.logits.device) if a.out is None else a.out
     if R == 0:
         return out
-    mode = 0 if seq_lens is None else (2 if seq_lens.dim() == 2 else 1)
-    tune = tuning(platform(logits.device))
-    starts = row_starts if row_starts is not None else out
-    ends = row_ends if row_ends is not None else out
-    lens = seq_lens if seq_lens is not None else out
+    mode = 0 if a.seq_lens is None else (2 if a.seq_lens.dim() == 2 else 1)
+    tune = tuning(platform(a.logits.device))
+    starts = a.row_starts if a.row_starts is not None else out
+    ends = a.row_ends if a.row_ends is not None else out
+    lens = a.seq_lens if a.seq_lens is not None else out
     common = dict(MODE=mode, BLOCK=tune.topk_block, num_warps=tune.topk_warps)
-    chunk = max(tune.topk_chunk, k)
+    chunk = max(tune.topk_chunk, a.k)
     chunks = triton.cdiv(W, chunk)
     if chunks <= 2:                              # one program per row
-        _indexer_topk_kernel[(R, 1)](logits, logits.stride(0), logits.stride(1), starts, ends, lens, next_n, out, 0,
-                                     out, k, k, W, GATHER=False, LOCAL=True, **common)
+        _indexer_topk_kernel[(R, 1)](a.logits, a.logits.stride(0), a.logits.stride(1), starts, ends, lens, a.next_n, out, 0,
+                                     out, a.k, a.k, W, GATHER=False, LOCAL=True, **common)
         return out
-    n_cand = chunks * k                          # stage 1: each chunk's k largest columns
-    cand = torch.empty(R, n_cand, dtype=torch.int32, device=logits.device)
-    _indexer_topk_kernel[(R, chunks)](logits, logits.stride(0), logits.stride(1), starts, ends, lens, next_n, cand,
-                                      0, cand, n_cand, k, chunk, GATHER=False, LOCAL=False, **common)
-    _indexer_topk_kernel[(R, 1)](logits, logits.stride(0), logits.stride(1), starts, ends, lens, next_n, cand, n_cand,
-                                 out, k, k, W, GATHER=True, LOCAL=True, **common)
+    n_cand = chunks * a.k                          # stage 1: each chunk's k largest columns
+    cand = torch.empty(R, n_cand, dtype=torch.int32, device=a.logits.device)
+    _indexer_topk_kernel[(R, chunks)](a.logits, a.logits.stride(0), a.logits.stride(1), starts, ends, lens, a.next_n, cand,
+                                      0, cand, n_cand, a.k, chunk, GATHER=False, LOCAL=False, **common)
+    _indexer_topk_kernel[(R, 1)](a.logits, a.logits.stride(0), a.logits.stride(1), starts, ends, lens, a.next_n, cand, n_cand,
+                                 out, a.k, a.k, W, GATHER=True, LOCAL=True, **common)
     return out

@@ -54,19 +54,18 @@ def _paged_mqa_logits_kernel(q_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_p
         tl.store(out_rows, tl.full((NEXT_N, BLOCK_T), float("-inf"), tl.float32), mask=in_width)
 
 
-def paged_mqa_logits(q, kv_cache, weights, context_lens, block_table, max_context_len, *, clean=False,
-                     out=None):
-    B, next_n, H, _ = q.shape
-    out = torch.empty(B * next_n, max_context_len, dtype=torch.float32, device=q.device) if out is None else out
-    if B == 0 or max_context_len == 0:
+def paged_mqa_logits(a):
+    B, next_n, H, _ = a.q.shape
+    out = torch.empty(B * next_n, a.max_context_len, dtype=torch.float32, device=a.q.device) if a.out is None else a.out
+    if B == 0 or a.max_context_len == 0:
         return out
-    tune = tuning(platform(q.device))
+    tune = tuning(platform(a.q.device))
     BLOCK_T = tune.logits_block_t
     h_pad = max(16, triton.next_power_of_2(H))
-    grid = (B, triton.cdiv(max_context_len, BLOCK_T))
+    grid = (B, triton.cdiv(a.max_context_len, BLOCK_T))
     _paged_mqa_logits_kernel[grid](
-        q, kv_cache, weights, context_lens, block_table, out, H, block_table.shape[1], kv_cache.shape[1],
-        max_context_len, LENS_2D=context_lens.dim() == 2, CLEAN=clean, NEXT_N=next_n, H_PAD=h_pad,
+        a.q, a.kv_cache, a.weights, a.context_lens, a.block_table, out, H, a.block_table.shape[1], a.kv_cache.shape[1],
+        a.max_context_len, LENS_2D=a.context_lens.dim() == 2, CLEAN=a.clean, NEXT_N=next_n, H_PAD=h_pad,
         BLOCK_T=BLOCK_T, num_warps=tune.logits_warps,
     )
     return out

@@ -6,14 +6,13 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4ops import formats
+from dsv4ops.formats import Layout
 from dsv4ops.platform import platform
 from dsv4ops.quant import FP8_MAX
 
 from .common import ceil_log2, exp2_int, load_scalar, scalar_arg
 from .tuning import tuning
 
-LAYOUT_DS_MLA, LAYOUT_BF16, LAYOUT_FP8 = 0, 1, 2
 
 
 @triton.jit
@@ -45,7 +44,7 @@ def _qnorm_rope_kv_insert_kernel(
         e2, o2 = _rope(e, o, cos, sin)
         dst = out_ptr + (t * H + h) * 512
         nope = d < 448
-        if LAYOUT == 2:       # fp8 q' = sat(bf16(q') / q_scale); q itself untouched
+        if LAYOUT == 2:       # Layout.FP8_PER_TENSOR: fp8 q' = sat(bf16(q') / q_scale); q itself untouched
             qs = load_scalar(q_scale, Q_SCALE_PTR)
             y = (x * r).to(tl.bfloat16).to(tl.float32) / qs
             tl.store(dst + d, tl.clamp(y, -FP8_MAX, FP8_MAX).to(tl.float8e4nv), mask=nope)
@@ -66,7 +65,7 @@ def _qnorm_rope_kv_insert_kernel(
             o = o.to(tl.bfloat16)
             block = slot // block_size
             off = slot % block_size
-            if LAYOUT == 0:
+            if LAYOUT == 0:                # Layout.DS_MLA
                 page = cache_ptr + block * page_bytes
                 tile = tl.arange(0, 8)[:, None]
                 col = tl.arange(0, 64)[None, :]
@@ -87,7 +86,7 @@ def _qnorm_rope_kv_insert_kernel(
                 d = tl.arange(0, 512)
                 nope = d < 448
                 v = tl.load(src + d, mask=nope, other=0.0)
-                if LAYOUT == 1:
+                if LAYOUT == 1:            # Layout.BF16
                     tl.store(dst + d, v, mask=nope)
                     tl.store(dst + 448 + 2 * i, e)
                     tl.store(dst + 449 + 2 * i, o)
@@ -98,23 +97,22 @@ def _qnorm_rope_kv_insert_kernel(
                     tl.store(dst + 449 + 2 * i, tl.clamp(o.to(tl.float32) / ks, -FP8_MAX, FP8_MAX).to(tl.float8e4nv))
 
 
-def qnorm_rope_kv_insert(q, kv, positions, cos_sin_cache, kv_cache, slot_mapping, *, layout, block_size,
-                         eps=1e-6, kv_scale=1.0, q_scale=1.0, out=None):
-    T, H, _ = q.shape
-    per_tensor = layout == "fp8_per_tensor"
+def qnorm_rope_kv_insert(a):
+    T, H, _ = a.q.shape
+    layout = a.layout
+    out = a.out
     if out is None:
-        out = torch.empty(T, H, 512, dtype=torch.float8_e4m3fn, device=q.device) if per_tensor else q
+        out = torch.empty(T, H, 512, dtype=layout.query_dtype, device=a.q.device) if layout.has_tensor_scale else a.q
     if T == 0:
         return out
-    kind = LAYOUT_DS_MLA if formats.is_ds_mla(layout) else LAYOUT_BF16 if layout == "bf16" else LAYOUT_FP8
-    fnuz = formats.fp8_flavour(layout) == "fnuz"
-    ks, ks_ptr = scalar_arg(kv_scale)
-    qs, qs_ptr = scalar_arg(q_scale)
-    page_bytes = formats.ds_mla_page_bytes(block_size) if kind == LAYOUT_DS_MLA else 0
+    ks, ks_ptr = scalar_arg(a.kv_scale)
+    qs, qs_ptr = scalar_arg(a.q_scale)
+    page_bytes = layout.page_bytes(a.block_size) if layout.is_ds_mla else 0
     _qnorm_rope_kv_insert_kernel[(T, H + 1)](
-        q, kv, kv.stride(0), positions, cos_sin_cache, kv_cache, slot_mapping, out, slot_mapping.shape[0], H,
-        eps, ks, qs, block_size, page_bytes,
-        LAYOUT=kind, FNUZ=fnuz, KV_SCALE_PTR=ks_ptr, Q_SCALE_PTR=qs_ptr, FP8_MAX=FP8_MAX[formats.fp8_flavour(layout)],
-        num_warps=tuning(platform(q.device)).insert_warps,
+        a.q, a.kv, a.kv.stride(0), a.positions, a.cos_sin_cache, a.kv_cache, a.slot_mapping, out, a.slot_mapping.shape[0], H,
+        a.eps, ks, qs, a.block_size, page_bytes,
+        LAYOUT=layout.kind, FNUZ=layout.fp8_flavour == "fnuz", KV_SCALE_PTR=ks_ptr, Q_SCALE_PTR=qs_ptr,
+        FP8_MAX=FP8_MAX[layout.fp8_flavour or "ocp"],
+        num_warps=tuning(platform(a.q.device)).insert_warps,
     )
     return out

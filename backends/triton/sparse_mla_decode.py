@@ -20,20 +20,19 @@ from dsv4ops.platform import multiprocessors, platform
 from .common import load_scalar, scalar_arg, ue8m0_decode
 from .tuning import tuning
 
-LAYOUT_DS_MLA, LAYOUT_BF16, LAYOUT_FP8 = 0, 1, 2
 LN2 = math.log(2.0)
 
 
 @triton.jit
 def _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT: tl.constexpr, FNUZ: tl.constexpr,
                BLOCK_K: tl.constexpr):
-    """Rows ``[BLOCK_K, 512]`` as bf16 (fp8 values unscaled for LAYOUT_FP8); invalid rows are 0.
+    """Rows ``[BLOCK_K, 512]`` as bf16 (fp8 values unscaled for Layout.FP8_PER_TENSOR); invalid rows are 0.
 
     MODEL1 rows are read as 8 tiles of 64: tiles 0-6 are fp8 scaled by their UE8M0 byte (one load
     per tile), tile 7 is the bf16 RoPE part; the dequantized values are exact in bf16.
     """
     ok = valid[:, None]
-    if LAYOUT == 0:
+    if LAYOUT == 0:                        # Layout.DS_MLA
         block = (slots // block_size).to(tl.int64)
         off = (slots % block_size).to(tl.int64)
         page = cache_ptr + block * page_bytes
@@ -101,7 +100,7 @@ def _decode_kernel(
     q = tl.load(q_ptr + (t * H + heads)[:, None] * 512 + col[None, :], mask=live[:, None], other=0.0)
     q = q.to(tl.bfloat16)
     qk_scale = sm_scale * 1.4426950408889634
-    if LAYOUT == 2:
+    if LAYOUT == 2:                        # Layout.FP8_PER_TENSOR
         qk_scale = qk_scale * load_scalar(q_scale, Q_SCALE_PTR) * load_scalar(kv_scale, KV_SCALE_PTR)
 
     m = tl.full((BLOCK_H,), float("-inf"), tl.float32)
@@ -123,7 +122,7 @@ def _decode_kernel(
 
     empty = l == 0.0
     o = acc / tl.where(empty, 1.0, l)[:, None]
-    if LAYOUT == 2:
+    if LAYOUT == 2:                        # Layout.FP8_PER_TENSOR
         o = o * load_scalar(kv_scale, KV_SCALE_PTR)
     lse = tl.where(empty, float("-inf"), (m + tl.log2(tl.where(empty, 1.0, l))) * 0.6931471805599453)
     if SPLIT:
@@ -181,47 +180,45 @@ def choose_splits(T: int, head_blocks: int, index_blocks: int, device: torch.dev
     return max(1, min(index_blocks, (waves * sms) // programs))
 
 
-def sparse_mla_decode(q, kv_cache, indices, topk_lens=None, *, layout, block_size, softmax_scale,
-                      attn_sink=None, extra_kv_cache=None, extra_indices=None, extra_topk_lens=None,
-                      extra_block_size=None, kv_scale=1.0, q_scale=1.0, out=None, need_lse=True):
-    T, H, _ = q.shape
-    out = decode_output(q, out)
-    lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+def sparse_mla_decode(a):
+    T, H, _ = a.q.shape
+    out = decode_output(a.q, a.out)
+    lse = torch.empty(T, H, dtype=torch.float32, device=a.q.device)
     if T == 0:
-        return out, lse if need_lse else None
-    tune = tuning(platform(q.device))
+        return out, lse if a.need_lse else None
+    tune = tuning(platform(a.q.device))
     BLOCK_H, BLOCK_K = tune.decode_block_h, tune.decode_block_k
-    kind = LAYOUT_DS_MLA if formats.is_ds_mla(layout) else LAYOUT_BF16 if layout == "bf16" else LAYOUT_FP8
-    page = formats.ds_mla_page_bytes(block_size) if kind == LAYOUT_DS_MLA else 0
-    has_extra = extra_kv_cache is not None
-    topk = indices.shape[1]
-    x_topk = extra_indices.shape[1] if has_extra else 0
-    x_page = formats.ds_mla_page_bytes(extra_block_size) if has_extra and kind == LAYOUT_DS_MLA else 0
+    layout = a.layout
+    page = layout.page_bytes(a.block_size) if layout.is_ds_mla else 0
+    has_extra = a.extra_kv_cache is not None
+    topk = a.indices.shape[1]
+    x_topk = a.extra_indices.shape[1] if has_extra else 0
+    x_page = layout.page_bytes(a.extra_block_size) if has_extra and layout.is_ds_mla else 0
     index_blocks = triton.cdiv(topk, BLOCK_K) + triton.cdiv(x_topk, BLOCK_K)
     head_blocks = triton.cdiv(H, BLOCK_H)
-    splits = choose_splits(T, head_blocks, index_blocks, q.device, tune.decode_waves)
+    splits = choose_splits(T, head_blocks, index_blocks, a.q.device, tune.decode_waves)
     per_split = triton.cdiv(index_blocks, splits)
     splits = triton.cdiv(index_blocks, per_split) if index_blocks else 1
     part_o = part_lse = out                     # unused placeholders when not splitting
     if splits > 1:
-        part_o = torch.empty(T, H, splits, 512, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(T, H, splits, dtype=torch.float32, device=q.device)
-    qs, qs_ptr = scalar_arg(q_scale)
-    ks, ks_ptr = scalar_arg(kv_scale)
-    dummy = indices
+        part_o = torch.empty(T, H, splits, 512, dtype=torch.float32, device=a.q.device)
+        part_lse = torch.empty(T, H, splits, dtype=torch.float32, device=a.q.device)
+    qs, qs_ptr = scalar_arg(a.q_scale)
+    ks, ks_ptr = scalar_arg(a.kv_scale)
+    dummy = a.indices
     _decode_kernel[(T, head_blocks, splits)](
-        q, H, kv_cache, indices, topk_lens if topk_lens is not None else dummy, topk, block_size, page,
-        extra_kv_cache if has_extra else kv_cache, extra_indices if has_extra else dummy,
-        extra_topk_lens if extra_topk_lens is not None else dummy, x_topk, extra_block_size or 1, x_page,
-        attn_sink if attn_sink is not None else lse, out, lse, part_o, part_lse, softmax_scale, qs, ks, per_split,
-        HAS_LENS=topk_lens is not None, HAS_EXTRA=has_extra, HAS_X_LENS=extra_topk_lens is not None,
-        HAS_SINK=attn_sink is not None, LAYOUT=kind, FNUZ=formats.fp8_flavour(layout) == "fnuz",
+        a.q, H, a.kv_cache, a.indices, a.topk_lens if a.topk_lens is not None else dummy, topk, a.block_size, page,
+        a.extra_kv_cache if has_extra else a.kv_cache, a.extra_indices if has_extra else dummy,
+        a.extra_topk_lens if a.extra_topk_lens is not None else dummy, x_topk, a.extra_block_size or 1, x_page,
+        a.attn_sink if a.attn_sink is not None else lse, out, lse, part_o, part_lse, a.softmax_scale, qs, ks, per_split,
+        HAS_LENS=a.topk_lens is not None, HAS_EXTRA=has_extra, HAS_X_LENS=a.extra_topk_lens is not None,
+        HAS_SINK=a.attn_sink is not None, LAYOUT=layout.kind, FNUZ=layout.fp8_flavour == "fnuz",
         SPLIT=splits > 1, Q_SCALE_PTR=qs_ptr, KV_SCALE_PTR=ks_ptr, BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K,
         num_warps=tune.decode_warps, num_stages=tune.decode_stages,
     )
     if splits > 1:
         _combine_kernel[(T, head_blocks)](
-            part_o, part_lse, attn_sink if attn_sink is not None else lse, out, lse, H, splits,
-            HAS_SINK=attn_sink is not None, BLOCK_H=BLOCK_H, num_warps=tune.decode_warps,
+            part_o, part_lse, a.attn_sink if a.attn_sink is not None else lse, out, lse, H, splits,
+            HAS_SINK=a.attn_sink is not None, BLOCK_H=BLOCK_H, num_warps=tune.decode_warps,
         )
-    return out, lse if need_lse else None
+    return out, lse if a.need_lse else None

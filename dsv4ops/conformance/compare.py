@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import formats
+from ..formats import Layout
 from ..ops._rows import row_bounds
 
 
@@ -85,15 +86,15 @@ def _fp8_ulp_close(c, name, got: torch.Tensor, ref: torch.Tensor):
 
 def qnorm_rope_kv_insert(case, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     c = _Collector()
-    layout, bs = ref_kwargs["layout"], ref_kwargs["block_size"]
-    if layout == "fp8_per_tensor":
+    layout, bs = Layout.of(ref_kwargs["layout"]), ref_kwargs["block_size"]
+    if layout.has_tensor_scale:
         _fp8_ulp_close(c, "q_fp8", got_result, ref_result)
         c.require(torch.equal(got_kwargs["q"].view(torch.int16), ref_kwargs["q"].view(torch.int16)),
                   "q: the bf16 input must be left unmodified in the fp8_per_tensor layout")
     else:
         _close(c, "q'", got_result, ref_result, atol=1e-6, rtol=2 ** -7)
     got_cache, ref_cache = got_kwargs["kv_cache"], ref_kwargs["kv_cache"]
-    if formats.is_ds_mla(layout):
+    if layout.is_ds_mla:
         g_data, _ = formats.ds_mla_views(got_cache, bs)
         r_data, _ = formats.ds_mla_views(ref_cache, bs)
         _bf16_ulp_close(c, "cache RoPE bytes", g_data[..., formats.NOPE_DIM:], r_data[..., formats.NOPE_DIM:])
@@ -103,7 +104,7 @@ def qnorm_rope_kv_insert(case, ref_kwargs, ref_result, got_kwargs, got_result) -
         c.require(not bool(mismatch.any()), f"cache: {int(mismatch.sum())} bytes differ outside the RoPE values "
                   f"(fp8 values, scale bytes, pad byte or bytes no slot owns), first at "
                   f"{torch.nonzero(mismatch)[0].tolist() if mismatch.any() else None}")
-    elif layout == "bf16":
+    elif layout.kind == Layout.BF16:
         _close(c, "cache", got_cache, ref_cache, atol=1e-6, rtol=2 ** -7)
         nope_same = torch.equal(got_cache[..., : formats.NOPE_DIM].view(torch.int16),
                                 ref_cache[..., : formats.NOPE_DIM].view(torch.int16))

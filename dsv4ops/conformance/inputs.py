@@ -12,6 +12,7 @@ import math
 import torch
 
 from .. import formats
+from ..formats import Layout
 from ..ops._rows import decode_row_ends
 from ..quant import to_fp8, ue8m0_scale
 
@@ -56,8 +57,8 @@ def qnorm_rope_kv_insert(device, gen, *, T, H, layout, block_size=64, num_blocks
     if len(slots) < n_kv:
         raise ValueError("not enough cache slots for the tokens")
     slots = torch.where(torch.rand(n_kv, generator=gen) < skip_slots, torch.full_like(slots, -1), slots)
-    scales = dict(kv_scale=0.5, q_scale=0.25) if layout == "fp8_per_tensor" else {}
-    out_dtype = torch.float8_e4m3fn if layout == "fp8_per_tensor" else torch.bfloat16
+    scales = dict(kv_scale=0.5, q_scale=0.25) if Layout.of(layout).has_tensor_scale else {}
+    out_dtype = Layout.of(layout).query_dtype
     kwargs = dict(q=q, kv=kv, positions=positions, cos_sin_cache=cos_sin_cache(max_pos),
                   kv_cache=random_cache_bytes(gen, num_blocks, block_size, layout), slot_mapping=slots,
                   layout=layout, block_size=block_size, eps=1e-6, **scales)
@@ -109,7 +110,7 @@ def _filled_cache(gen, layout, block_size, num_slots, selected, kv_scale):
 
 def sparse_mla_decode(device, gen, *, T, H, topk, layout, block_size=64, extra_topk=0, extra_block_size=64,
                       sink="random", lens="random", corner=None, out=False, need_lse=True):
-    per_tensor = layout == "fp8_per_tensor"
+    per_tensor = Layout.of(layout).has_tensor_scale
     kv_scale = 0.25 if per_tensor else 1.0
     num_slots = max(2 * topk, 4 * block_size)
     num_slots += (-num_slots) % block_size

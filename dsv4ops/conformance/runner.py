@@ -52,19 +52,19 @@ def run_case(case: Case, backend: str, device, seed: int = 0) -> Result:
         kwargs = case.build(device, seed)
     except Exception as exc:
         return Result(case, backend, "error", message=f"building inputs failed: {exc}", seed=seed)
-    module = ops.OPS[case.op]
-    decision = decide(module.validate(**kwargs), backend)
+    op = ops.OPS[case.op]
+    decision = decide(op.validate_call(**kwargs), backend)
     if decision.selected is None:
         reason = next((c.status for c in decision.candidates if c.backend == backend), "not registered for this op")
         return Result(case, backend, "skip", message=reason, seed=seed)
 
     ref_kwargs = clone_kwargs(kwargs)
-    ref_result = reference_fn(case.op)(**ref_kwargs)
+    ref_result = run_reference(case.op, ref_kwargs)
     got_kwargs = clone_kwargs(kwargs)
     if got_kwargs.get("out") is not None:
         poison(got_kwargs["out"])
     try:
-        got_result = getattr(module, case.op)(**got_kwargs, backend=backend)
+        got_result = op.function(**got_kwargs, backend=backend)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         verdict: Verdict = RULES[case.op](case, ref_kwargs, ref_result, got_kwargs, got_result)
@@ -96,7 +96,6 @@ def _check_out_returned(op: str, out: torch.Tensor, result, verdict: Verdict) ->
     return verdict
 
 
-def reference_fn(op: str):
-    from .. import reference
-
-    return getattr(reference, op)
+def run_reference(op: str, kwargs: dict):
+    """The reference's result for keyword arguments of the public function (validated first)."""
+    return ops.OPS[op].function(**kwargs, backend="reference")

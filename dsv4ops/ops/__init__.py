@@ -1,14 +1,15 @@
-"""The five op contracts: argument validation and the public entry points (one module per op)."""
-import importlib
+"""The op declarations, one module per op (its ``OpSpec``, checks and fake outputs)."""
+from . import fp8_einsum, indexer_topk, paged_mqa_logits, qnorm_rope_kv_insert, sparse_mla_decode
 
-OP_NAMES = ("qnorm_rope_kv_insert", "sparse_mla_decode", "paged_mqa_logits", "fp8_einsum", "indexer_topk")
-# op name -> its module (NAME, validate, and the public function of the same name)
-OPS = {name: importlib.import_module(f"{__name__}.{name}") for name in OP_NAMES}
+# op name -> its defined Op (spec, typed args, public function, validation)
+OPS = {m.OP.name: m.OP for m in (qnorm_rope_kv_insert, sparse_mla_decode, paged_mqa_logits, fp8_einsum,
+                                 indexer_topk)}
+OP_NAMES = tuple(OPS)
 
-qnorm_rope_kv_insert = OPS["qnorm_rope_kv_insert"].qnorm_rope_kv_insert
-sparse_mla_decode = OPS["sparse_mla_decode"].sparse_mla_decode
-paged_mqa_logits = OPS["paged_mqa_logits"].paged_mqa_logits
-fp8_einsum = OPS["fp8_einsum"].fp8_einsum
-indexer_topk = OPS["indexer_topk"].indexer_topk
+qnorm_rope_kv_insert = OPS["qnorm_rope_kv_insert"].function
+sparse_mla_decode = OPS["sparse_mla_decode"].function
+paged_mqa_logits = OPS["paged_mqa_logits"].function
+fp8_einsum = OPS["fp8_einsum"].function
+indexer_topk = OPS["indexer_topk"].function
 
 __all__ = ["OPS", "OP_NAMES", *OP_NAMES]

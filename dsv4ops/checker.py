@@ -7,8 +7,8 @@ from typing import Sequence
 
 import torch
 
-from ..errors import InputError
-from ..settings import debug_enabled
+from .errors import InputError
+from .settings import debug_enabled
 
 
 def describe(t) -> str:
@@ -89,6 +89,11 @@ class Checker:
             self.fail(name, f"must be {kinds}, got {describe(value)}")
         if positive and not value > 0:
             self.fail(name, f"must be > 0, got {value}")
+
+    def bool_arg(self, name: str, value) -> bool:
+        if not isinstance(value, bool):
+            self.fail(name, f"must be a bool, got {value!r}")
+        return value
 
     def choice(self, name: str, value, choices) -> str:
         if value not in choices:

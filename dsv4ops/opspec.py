@@ -1,0 +1,242 @@
+"""One declaration per op.
+
+An op module declares an ``OpSpec``: its arguments (name, type, default, keyword-only, mutated), its
+outputs, its checks and its fake (shape-only) outputs. ``define(spec)`` derives from it everything
+else: the typed argument tuple handed to implementations, the public function (a real Python
+signature, built the way ``dataclasses`` builds ``__init__``), validation, the dispatch key that
+capability checks see, and the ``torch.library`` schema. Adding an argument is a one-place change.
+"""
+from __future__ import annotations
+
+import collections
+import inspect
+import keyword
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+import torch
+
+from . import registry, selection
+from .errors import InputError
+from .formats import Layout
+from .checker import Checker
+
+REQUIRED = inspect.Parameter.empty
+Scale = Union[float, torch.Tensor]          # a float, or a 1-element fp32 tensor read on the device
+
+# argument type -> torch.library schema type (scales cross the custom-op boundary as floats)
+_SCHEMA_TYPES = {
+    torch.Tensor: "Tensor", Optional[torch.Tensor]: "Tensor?", int: "int", Optional[int]: "int?",
+    float: "float", bool: "bool", str: "str", Layout: "str", torch.dtype: "ScalarType", Scale: "float",
+}
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument. ``mutated``: written in place (a cache, an ``out`` buffer)."""
+
+    name: str
+    type: Any
+    default: Any = REQUIRED
+    keyword_only: bool = False
+    mutated: bool = False
+    doc: str = ""
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.type in (torch.Tensor, Optional[torch.Tensor])
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """An op: ``check(c, a)`` validates the typed args ``a`` with the ``Checker`` ``c`` (raising
+    ``InputError``) and returns them normalized (a layout name becomes its ``Layout``); ``fake(a)`` returns outputs of the right shape and dtype without computing.
+    ``outputs`` is the torch.library return type; ``out_variant_only`` marks ops whose result may
+    alias an input (only their ``out=`` form exists as a torch op)."""
+
+    name: str
+    doc: str
+    args: tuple[Arg, ...]
+    outputs: str
+    check: Callable[[Checker, Any], None]
+    fake: Callable[[Any], Any]
+    out_variant_only: bool = False
+
+    def arg(self, name: str) -> Arg:
+        return next(a for a in self.args if a.name == name)
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """What a capability check may know of a tensor: no leading (token / batch) size, no data."""
+
+    dtype: torch.dtype
+    device: torch.device
+    shape: tuple                 # shape[0] is None: decisions must not depend on the token count
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+
+class DispatchKey:
+    """The view of a call that capability checks receive: tensors as ``TensorMeta``, every other
+    argument except float values (scales, eps), ``device`` and ``size_class`` (the bit length of the
+    leading size). Reading anything else raises, so a check cannot depend on what decisions are not
+    cached by."""
+
+    __slots__ = ("op", "device", "size_class", "_fields")
+
+    def __init__(self, op: str, args, device: torch.device):
+        fields = {}
+        for name, value in zip(args._fields, args):
+            if isinstance(value, torch.Tensor):
+                fields[name] = TensorMeta(value.dtype, value.device, (None, *value.shape[1:]))
+            elif not isinstance(value, float):
+                fields[name] = value
+        first = next((v for v in args if isinstance(v, torch.Tensor) and v.dim()), None)
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "device", device)
+        object.__setattr__(self, "size_class", int(first.shape[0]).bit_length() if first is not None else 0)
+        object.__setattr__(self, "_fields", fields)
+
+    def __getattr__(self, name: str):
+        fields = object.__getattribute__(self, "_fields")
+        if name in fields:
+            return fields[name]
+        raise AttributeError(f"{name!r} is not part of {self.op}'s dispatch key: capability checks may read "
+                             f"only {sorted(fields)}, device and size_class")
+
+    def get(self, name: str, default=None):
+        return object.__getattribute__(self, "_fields").get(name, default)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a DispatchKey is read-only")
+
+
+@dataclass(frozen=True)
+class OpCall:
+    """A validated call: the typed args, the device they live on, and the dispatch key."""
+
+    op: str
+    args: Any
+    device: torch.device
+    key: DispatchKey = field(repr=False)
+
+
+class Op:
+    """An op defined from its spec: ``op(...)`` is the public function's body, ``op.validate``,
+    ``op.bind`` (typed args from the public signature), ``op.schema`` (torch.library)."""
+
+    def __init__(self, spec: OpSpec):
+        self.spec = spec
+        self.name = spec.name
+        self.Args = collections.namedtuple(_camel(spec.name) + "Args", [a.name for a in spec.args])
+        self.Args.__doc__ = f"Typed arguments of {spec.name} (what every implementation receives)."
+        self.signature = inspect.Signature(_parameters(spec.args))
+        self.bind = _generate(spec, "bind", "return Args({values})", {"Args": self.Args})
+        self.function = _generate(spec, spec.name, "return dispatch(op, Args({values}), backend)",
+                                  {"Args": self.Args, "dispatch": selection.dispatch, "op": self},
+                                  with_backend=True)
+        self.function.__doc__ = spec.doc
+        self.function.__module__ = "dsv4ops"
+
+    def validate(self, args) -> OpCall:
+        """Check typed args (raises InputError naming the argument); the call to dispatch."""
+        checker = Checker(self.name)
+        args = self.spec.check(checker, args)
+        device = checker.device if checker.device is not None else torch.device("cpu")
+        return OpCall(self.name, args, device, DispatchKey(self.name, args, device))
+
+    def validate_call(self, *args, **kwargs) -> OpCall:
+        """``validate`` from the public function's arguments (``explain``, ``prepare``)."""
+        try:
+            typed = self.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise InputError(f"{self.name}: {exc}") from None
+        return self.validate(typed)
+
+    def schema(self, out_form: bool = False) -> str:
+        """The torch.library schema: functional (``out`` excluded) or the out form."""
+        return _schema(self.spec, with_out=out_form)
+
+    def __repr__(self) -> str:
+        return f"<dsv4ops op {self.name}{self.signature}>"
+
+
+def define(spec: OpSpec) -> Op:
+    """Derive the op from its spec and make it known to the registry (``DSV4OPS_BACKEND`` names it)."""
+    op = Op(spec)
+    registry.register_op(op)
+    return op
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))
+
+
+def _parameters(args, with_backend: bool = False) -> list[inspect.Parameter]:
+    params = []
+    for a in args:
+        kind = inspect.Parameter.KEYWORD_ONLY if a.keyword_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
+        params.append(inspect.Parameter(a.name, kind, default=a.default, annotation=a.type))
+    if with_backend:
+        params.append(inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                        annotation=Optional[str]))
+    return params
+
+
+def _generate(spec: OpSpec, name: str, body: str, env: dict, with_backend: bool = False) -> Callable:
+    """A function with the spec's exact signature (no ``*args`` re-binding on the hot path)."""
+    params, defaults, star = [], {}, False
+    for a in spec.args:
+        assert a.name.isidentifier() and not keyword.iskeyword(a.name), a.name
+        if a.keyword_only and not star:
+            params.append("*")
+            star = True
+        if a.default is REQUIRED:
+            params.append(a.name)
+        else:
+            defaults[f"_default_{a.name}"] = a.default
+            params.append(f"{a.name}=_default_{a.name}")
+    if with_backend:
+        params += ([] if star else ["*"]) + ["backend=None"]
+    values = ", ".join(a.name for a in spec.args)
+    source = f"def {name}({', '.join(params)}):\n    {body.format(values=values)}\n"
+    namespace = {**env, **defaults}
+    exec(compile(source, f"<dsv4ops op {spec.name}>", "exec"), namespace)
+    fn = namespace[name]
+    fn.__signature__ = inspect.Signature(_parameters(spec.args, with_backend))
+    return fn
+
+
+def _schema(spec: OpSpec, with_out: bool) -> str:
+    """Functional form (``out`` left out, outputs returned) or out form (``out`` required, returns
+    nothing): custom ops may not return an alias of an input, and torch.compile functionalizes
+    mutating custom ops only when they return nothing, so the out form returns ``()``."""
+    parts, star, alias_sets = [], False, iter("abcdefgh")
+    for a in spec.args:
+        if a.name == "out" and not with_out:
+            continue
+        if a.keyword_only and not star:
+            parts.append("*")
+            star = True
+        kind = _SCHEMA_TYPES[a.type]
+        default = "" if a.default is REQUIRED else "=" + _schema_default(a.default)
+        if a.mutated:
+            kind = kind.replace("Tensor", f"Tensor({next(alias_sets)}!)")
+        if a.name == "out":
+            kind, default = kind.rstrip("?"), ""
+        parts.append(f"{kind} {a.name}{default}")
+    return f"({', '.join(parts)}) -> {'()' if with_out else spec.outputs}"
+
+
+def _schema_default(value) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, torch.dtype):
+        return str({torch.float32: 6, torch.bfloat16: 15}[value])      # c10::ScalarType codes
+    if isinstance(value, Layout):
+        return f'"{value.name}"'
+    return repr(value)

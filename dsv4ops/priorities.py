@@ -1,0 +1,57 @@
+"""Which implementation wins when several accept a call: one table, measured preferences as data.
+
+``PRIORITY``: per backend, highest first; a vendor kernel outranks the portable Triton kernels,
+which outrank the reference. Backends not in the table (out-of-tree plugins) give their own
+``priority=`` when they register, or get ``PLUGIN_DEFAULT``.
+
+``PREFERENCES``: measured exceptions. Each names the platform, the op, the backend that wins,
+the one it beats, the condition (on the dispatch key only) and the evidence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+PRIORITY = {
+    "flashmla": 100, "deepgemm": 100,        # vendor kernels measured fastest on SM90 (docs/perf/H100.md)
+    "flashinfer": 90, "aiter": 80, "xpu": 80,
+    "triton": 50,                            # portable: any Triton target
+    "reference": 0,                          # the definition of correct; last resort
+}
+PLUGIN_DEFAULT = 60
+# Per-op exceptions to PRIORITY: FlashInfer's top-k has not been measured against Triton's, so it
+# stays below it (it would otherwise win everywhere on CUDA).
+OP_PRIORITY = {("indexer_topk", "flashinfer"): 40}
+
+
+@dataclass(frozen=True)
+class Preference:
+    op: str
+    platform: tuple[str, str]              # (vendor, arch)
+    prefer: str
+    over: str
+    when: Callable                         # (DispatchKey) -> bool
+    evidence: str
+
+
+PREFERENCES = (
+    Preference(
+        "sparse_mla_decode", ("cuda", "sm90"), prefer="triton", over="flashmla",
+        when=lambda key: key.q.shape[1] <= 16 and key.size_class <= 8,
+        evidence="H100 sweep (docs/perf/H100.md): with H <= 16 heads FlashMLA pads to 64 and the Triton "
+                 "kernel is 1.0-1.5x faster up to T = 128 tokens (0.8x at T = 512)"),
+)
+
+
+def priority(op: str, backend: str, declared: int | None = None) -> int:
+    """The base priority of ``backend``'s implementations of ``op``."""
+    if (op, backend) in OP_PRIORITY:
+        return OP_PRIORITY[(op, backend)]
+    if backend in PRIORITY:
+        return PRIORITY[backend]
+    return PLUGIN_DEFAULT if declared is None else declared
+
+
+def preferred(op: str, platform_key: tuple[str, str], key) -> dict[str, str]:
+    """backend -> the backend it must outrank for this call (from PREFERENCES)."""
+    return {p.prefer: p.over for p in PREFERENCES if p.op == op and p.platform == platform_key and p.when(key)}
