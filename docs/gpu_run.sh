@@ -8,15 +8,21 @@
 #   bash docs/gpu_run.sh OUTDIR          (SWEEP=1 also sweeps the Triton decode tunables)
 set -uo pipefail
 out=${1:-/tmp/out}; mkdir -p "$out"; repo=$PWD
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip wheel -q --no-deps --no-build-isolation -w /tmp/dsv4ops-wheel . || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
+  /tmp/dsv4ops-wheel/*.whl || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 cd /tmp   # import the installed wheel (with its entry points), not the checkout
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -m dsv4ops.cli info; } 2>&1 | tee "$out/info.txt"
 python3 -m dsv4ops.cli check --tier full --backends triton,flashmla,deepgemm --json "$out/conformance_full.json" 2>&1 \
   | tee "$out/conformance_full.txt"
-python3 -m dsv4ops.cli bench --json "$out/bench.json" 2>&1 | tee "$out/bench.txt"
+if [ "${OVERHEAD_ONLY:-0}" = 1 ]; then
+  for i in 1 2; do python3 -m dsv4ops.cli bench --overhead --json "$out/overhead$i.json" 2>&1 | tee -a "$out/overhead.txt"; done
+else
+  python3 -m dsv4ops.cli bench --json "$out/bench.json" 2>&1 | tee "$out/bench.txt"
+fi
 python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_large_addressing.py" "$repo/tests/test_cuda_graphs.py" \
-  "$repo/tests/test_example.py" "$repo/tests/test_torch_ops.py" 2>&1 | tail -25 | tee "$out/pytest_gpu.txt"
+  "$repo/tests/test_example.py" "$repo/tests/test_torch_ops.py" "$repo/tests/test_prepared.py" 2>&1 | tail -25 | tee "$out/pytest_gpu.txt"
 python3 -m dsv4ops.examples.decode_step --device cuda --tokens 64 --heads 64 --context 4096 --time --settings \
   auto triton "sparse_mla_decode=flashmla,paged_mqa_logits=deepgemm,fp8_einsum=deepgemm,*=triton" reference 2>&1 \
   | tee "$out/example.txt"

@@ -27,7 +27,7 @@ _LIBRARIES = {
     "deep_gemm": ("tokenspeed-deepgemm", "sgl-deep-gemm", "deep-gemm"),
     "flashinfer": ("flashinfer-python",),
     "aiter": ("amd-aiter", "aiter"),
-    "intel_extension_for_pytorch": ("intel-extension-for-pytorch",),
+    "vllm_xpu_kernels": ("vllm-xpu-kernels",),
 }
 
 

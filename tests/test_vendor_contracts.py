@@ -1,7 +1,13 @@
 """Contract tests for vendor paths that cannot run on this machine: the adapter's own code runs end
 to end against a fake of the vendor entry point (tests/fakes), judged by the conformance rules on
 a simulated platform; and the capability checks decline where the vendor kernel cannot run."""
+import functools
+import importlib
+import inspect
+import sys
+
 import pytest
+import torch
 
 import dsv4ops
 from dsv4ops import registry
@@ -36,7 +42,7 @@ def test_flashinfer_trtllm_decode_contract(flashinfer):
     assert {r.case.kwargs["layout"] for r in ran} == {"bf16", "fp8_per_tensor"}
     skipped = {r.case.id: r.message for r in results if r.status == "skip"}
     assert any("need_lse=False" in m for m in skipped.values())
-    assert any("layout 'fp8_ds_mla'" in m for m in skipped.values())
+    assert any("layout fp8_ds_mla" in m for m in skipped.values())
     narrow = make_case("sparse_mla_decode", **dict(T=2, H=8, topk=64, layout="bf16", need_lse=False))
     with dsv4ops.simulate_platform("cuda", "sm100"):
         assert "SWA index width 64 != 128" in run_case(narrow, "flashinfer", "cpu").message
@@ -58,16 +64,27 @@ def test_flashinfer_decode_declines_on_sm90(flashinfer):
     with dsv4ops.simulate_platform("cuda", "sm90"):
         d = dsv4ops.explain("sparse_mla_decode", **kw, backend="flashinfer")
         assert d.selected is None
-        assert "runs on sm100" in {c.backend: c.status for c in d.candidates}["flashinfer"]
-        with pytest.raises(dsv4ops.UnsupportedError, match="flashinfer: arch sm90"):
+        statuses = {c.implementation: c.status for c in d.candidates}
+        assert "runs on sm100" in statuses["flashinfer.trtllm_gen"] and "runs on sm120" in statuses["flashinfer.sm120"]
+        with pytest.raises(dsv4ops.UnsupportedError, match="flashinfer.trtllm_gen: arch sm90"):
             dsv4ops.sparse_mla_decode(**kw, backend="flashinfer")
+
+
+def test_flashinfer_trtllm_table_padding_and_lonely_rows(flashinfer):
+    """0.7.x wants the table width % 4 == 0 (padded with -1) and seq_lens >= 1 (validated)."""
+    extra = [make_case("sparse_mla_decode", T=4, H=8, topk=128, layout=layout, extra_topk=62, extra_block_size=2,
+                       need_lse=False, corner=corner) for layout in ("bf16", "fp8_per_tensor")
+             for corner in (None, "zero_len", "all_invalid")]
+    with dsv4ops.simulate_platform("cuda", "sm100"):
+        results = [run_case(c, "flashinfer", "cpu", seed=3) for c in extra]
+    assert all(r.status == "pass" for r in results), [r.message for r in results]
 
 
 def test_flashmla_sm100_topk_tiles():
     """On SM100 FlashMLA walks h128 index lists in tiles of 128: a 64-wide list is declined there."""
     from dsv4ops.backends.flashmla import topk_multiple
     kw = make_case("sparse_mla_decode", **dict(T=1, H=128, topk=64, layout="fp8_ds_mla")).build("cpu", 0)
-    call = dsv4ops.OPS["sparse_mla_decode"].validate(**kw)
+    call = dsv4ops.OPS["sparse_mla_decode"].validate_call(**kw).key
     with dsv4ops.simulate_platform("cuda", "sm100"):
         assert "multiple of 128" in topk_multiple(dsv4ops.platform(), call)
     with dsv4ops.simulate_platform("cuda", "sm90"):
@@ -117,32 +134,155 @@ def aiter(monkeypatch):
     backend._probed = None
 
 
-def _simulated(vendor, arch, op, backend):
+def _simulated(vendor, arch, op, backend, extra=()):
     results = []
     with dsv4ops.simulate_platform(vendor, arch):
-        for case in cases(op, "quick"):
+        for case in list(cases(op, "quick")) + list(extra):
             results.append(run_case(case, backend, "cpu", seed=13))
     bad = [f"{r.case.id}: {r.message}" for r in results if r.status in ("fail", "error")]
     assert not bad, bad
     return [r for r in results if r.status == "pass"], {r.case.id: r.message for r in results if r.status == "skip"}
 
 
+_DECODE_SINGLE = [make_case("sparse_mla_decode", T=3, H=5, topk=64, layout=layout, need_lse=False, sink=sink,
+                            corner=corner)
+                  for layout in ("fp8_ds_mla", "bf16", "fp8_per_tensor")
+                  for sink, corner in (("random", None), (None, "zero_len"), ("inf", None))]
+_DECODE_TWO = [make_case("sparse_mla_decode", T=3, H=8, topk=32, layout=layout, extra_topk=64, extra_block_size=16,
+                         need_lse=False, sink=sink, corner="zero_len")
+               for layout in ("fp8_ds_mla", "bf16") for sink in (None, "inf")]
+
+
 def test_aiter_decode_contract_gfx950(aiter):
-    ran, skipped = _simulated("rocm", "gfx950", "sparse_mla_decode", "aiter")
+    """pa_decode_sparse's gfx950 Gluon driver: 3-D fp8_ds_mla / bf16 caches with the extra segment,
+    the 2-D OCP fp8 pool single-segment; lonely rows without a sink (NaN in the kernel) give 0."""
+    ran, skipped = _simulated("rocm", "gfx950", "sparse_mla_decode", "aiter", _DECODE_SINGLE + _DECODE_TWO)
     assert {r.case.kwargs["layout"] for r in ran} == {"fp8_ds_mla", "bf16", "fp8_per_tensor"}
+    assert any(r.case.kwargs.get("extra_topk") and r.case.kwargs.get("sink") is None for r in ran)
     assert any("need_lse=False" in m for m in skipped.values())
+    assert any("ignores extra_cache" in m for m in skipped.values())
 
 
 def test_aiter_decode_contract_gfx942(aiter):
-    ran, skipped = _simulated("rocm", "gfx942", "sparse_mla_decode", "aiter")
-    assert [r.case.kwargs["layout"] for r in ran] == ["bf16"]
+    """The Triton path: flat bf16 pool, a sink tensor always (-1e30 for none, +-inf clamped)."""
+    ran, skipped = _simulated("rocm", "gfx942", "sparse_mla_decode", "aiter", _DECODE_SINGLE)
+    assert {r.case.kwargs["layout"] for r in ran} == {"bf16"}
+    assert {r.case.kwargs.get("sink") for r in ran} == {"random", None, "inf"}
     assert any("gfx950-only" in m for m in skipped.values())
 
 
 def test_aiter_topk_contract(aiter):
+    """AITER returns absolute columns; the adapter makes them row-local, so ranges are served too."""
     ran, skipped = _simulated("rocm", "gfx942", "indexer_topk", "aiter")
-    assert {r.case.kwargs.get("mode") for r in ran} == {"decode1d", "decode2d"}
-    assert all("unconfirmed" in m for m in skipped.values())
+    assert {r.case.kwargs.get("mode", "ranges") for r in ran} == {"ranges", "decode1d", "decode2d"}
+    assert not skipped and any(r.case.kwargs.get("column_major") for r in ran)
+
+
+@pytest.mark.parametrize("version, op, arch, expected", [
+    ("0.1.17", "sparse_mla_decode", "gfx950",
+     "AITER 0.1.17 has no pa_decode_sparse(extra_cache=...): install AITER >= 0.1.20"),
+    ("0.1.17", "sparse_mla_decode", "gfx942", None),
+    ("0.1.12", "indexer_topk", "gfx942", "AITER 0.1.12 has no top_k_per_row_decode(k=...): install AITER >= 0.1.15"),
+])
+def test_aiter_version_floors(monkeypatch, version, op, arch, expected):
+    from fakes import aiter as fake_aiter
+    fake_aiter.install(monkeypatch, version=version)
+    backend = registry.get_backend("aiter")
+    monkeypatch.setattr(backend, "_probed", None)
+    kw = (dict(T=2, H=8, topk=32, layout="bf16", need_lse=False) if op == "sparse_mla_decode"
+          else dict(R=4, W=128, k=16, mode="decode1d"))
+    with dsv4ops.simulate_platform("rocm", arch):
+        d = dsv4ops.explain(op, **make_case(op, **kw).build("cpu", 0))
+    status = {c.backend: c.status for c in d.candidates}["aiter"]
+    backend._probed = None
+    if expected:
+        assert status == expected
+    else:
+        assert "AITER" not in status and "install" not in status, status
+
+
+def test_aiter_without_pa_decode_sparse(monkeypatch):
+    """An AITER without the module (<= 0.1.14, or the PyPI 0.1.7 build) names the function and floor."""
+    from fakes import aiter as fake_aiter
+    fake_aiter.install(monkeypatch, version="0.1.7.post2.dev18")
+    monkeypatch.delitem(sys.modules, "aiter.ops.triton.attention.pa_decode_sparse")
+    monkeypatch.setattr(sys.modules["aiter.ops.triton.attention"], "__path__", [], raising=False)
+    from dsv4ops.backends.aiter import _feature
+    reason = _feature("aiter.ops.triton.attention.pa_decode_sparse", "pa_decode_sparse", "extra_cache", "0.1.20",
+                      "0.1.7.post2.dev18")
+    assert reason == "AITER 0.1.7.post2.dev18 has no pa_decode_sparse: install AITER >= 0.1.20", reason
+
+
+# ------------------------------------------------------------------------------------------------
+# XPU (vllm-xpu-kernels), fakes registered as torch ops with the released schemas
+
+@pytest.fixture
+def xpu(monkeypatch, request):
+    from fakes import xpu as fake_xpu
+    fake_xpu.install(monkeypatch, request)
+    backend = registry.get_backend("xpu")
+    monkeypatch.setattr(backend, "_probed", None)
+    yield backend
+    backend._probed = None
+
+
+def test_xpu_qnorm_contract(xpu):
+    ran, skipped = _simulated("xpu", "bmg", "qnorm_rope_kv_insert", "xpu")
+    assert {r.case.kwargs["layout"] for r in ran} == {"bf16"}
+    assert any(r.case.kwargs.get("dp_pad") for r in ran) and any(r.case.kwargs.get("out") for r in ran)
+    assert any("subnormals" in m for m in skipped.values())
+
+
+def test_xpu_fp8_ds_mla_writer_differs_on_subnormals():
+    """Why fp8_ds_mla is declined: the SYCL writer's integer e4m3 conversion (modelled in the fake)
+    flushes |x / scale| < 2^-7 to 0 and mis-encodes [2^-7, 2^-6), where docs/ops.md §6.1 rounds to
+    the e4m3 subnormals; bytes of normal values agree."""
+    from fakes.xpu import _fp8_bytes
+    x = torch.tensor([448.0, 1.0, 2.0 ** -6, 2.0 ** -7, 2.0 ** -8, 0.0, -3.0])
+    ours = x.to(torch.float8_e4m3fn).view(torch.uint8)
+    theirs = _fp8_bytes(x, torch.tensor(127))
+    assert torch.equal(theirs[[0, 1, 2, 5, 6]], ours[[0, 1, 2, 5, 6]])
+    assert not torch.equal(theirs[3:5], ours[3:5])
+
+
+_LOGITS64 = [make_case("paged_mqa_logits", B=3, next_n=n, context=150, H=8, block_size=64, lens_dim=d, clean=cl,
+                       out=n == 2)
+             for n in (1, 2) for d in (1, 2) for cl in (False, True)] + \
+            [make_case("paged_mqa_logits", B=3, next_n=2, context=100, H=8, block_size=64, corner=c, clean=True)
+             for c in ("zero_len", "short", "padded_rows")]
+
+
+def test_xpu_paged_logits_contract(xpu):
+    ran, skipped = _simulated("xpu", "bmg", "paged_mqa_logits", "xpu", _LOGITS64)
+    assert len(ran) == len(_LOGITS64)
+    assert all("block_size 16 != 64" in m for m in skipped.values())
+    kw = _LOGITS64[0].build("cpu", 0)
+    with dsv4ops.simulate_platform("xpu", "xpu"):             # not an Xe2 device
+        status = {c.backend: c.status for c in dsv4ops.explain("paged_mqa_logits", **kw).candidates}
+    assert "Xe2 only" in status["xpu"]
+
+
+def test_xpu_topk_contract(xpu):
+    ran, skipped = _simulated("xpu", "bmg", "indexer_topk", "xpu")
+    assert not skipped and len(ran) == len(cases("indexer_topk", "quick"))
+
+
+def test_xpu_probe_names_package(monkeypatch, request):
+    backend = registry.get_backend("xpu")
+    monkeypatch.setattr(backend, "_probed", None)
+    monkeypatch.setitem(sys.modules, "vllm_xpu_kernels", None)
+    assert "vllm-xpu-kernels" in backend.unavailable_reason()
+    assert backend.unavailable_reason().startswith("cannot import vllm_xpu_kernels._xpu_C")
+    from fakes import xpu as fake_xpu
+    fake_xpu.install(monkeypatch, request, missing=("deepseek_qnorm_rope_kv_insert",))
+    monkeypatch.setattr(backend, "_probed", None)
+    assert backend.unavailable_reason() is None
+    kw = make_case("qnorm_rope_kv_insert", T=2, H=4, layout="bf16").build("cpu", 0)
+    with dsv4ops.simulate_platform("xpu", "bmg"):
+        status = {c.backend: c.status for c in dsv4ops.explain("qnorm_rope_kv_insert", **kw).candidates}
+    backend._probed = None
+    assert status["xpu"] == ("vllm-xpu-kernels lacks torch.ops._xpu_C.deepseek_qnorm_rope_kv_insert: "
+                             "install vllm-xpu-kernels >= 0.1.11")
 
 
 def test_explain_on_simulated_rocm_and_xpu():
@@ -155,3 +295,128 @@ def test_explain_on_simulated_rocm_and_xpu():
         d = dsv4ops.explain("indexer_topk", **kw)
     status = {c.backend: c.status for c in d.candidates}
     assert "platform xpu not supported" in status["aiter"] and "platform xpu" in status["flashinfer"]
+
+
+# ------------------------------------------------------------------------------------------------
+# API-drift alarm: the adapters' vendor calls against the vendors' signatures
+
+def _recording(calls):
+    def wrap(path, fn):
+        @functools.wraps(fn)
+        def recorded(*args, **kwargs):
+            calls.append((path, args, kwargs))
+            return fn(*args, **kwargs)
+        return recorded
+    return wrap
+
+
+def _record_aiter(monkeypatch):
+    from fakes import aiter as fake_aiter
+    calls = []
+    fake_aiter.install(monkeypatch, wrap=_recording(calls))
+    backend = registry.get_backend("aiter")
+    monkeypatch.setattr(backend, "_probed", None)
+    try:
+        _simulated("rocm", "gfx950", "sparse_mla_decode", "aiter", _DECODE_SINGLE + _DECODE_TWO)
+        _simulated("rocm", "gfx942", "sparse_mla_decode", "aiter", _DECODE_SINGLE)
+        _simulated("rocm", "gfx942", "indexer_topk", "aiter")
+    finally:
+        backend._probed = None
+    return fake_aiter.CALLED, calls
+
+
+def _record_flashinfer(monkeypatch):
+    from fakes import flashinfer as fake_fi
+    calls = []
+    fake_fi.install(monkeypatch, wrap=_recording(calls))
+    backend = registry.get_backend("flashinfer")
+    monkeypatch.setattr(backend, "_probed", None)
+    try:
+        _run_all("sparse_mla_decode", "flashinfer", "sm100")
+        _run_all("sparse_mla_decode", "flashinfer", "sm120")
+        _run_all("indexer_topk", "flashinfer", "sm90")
+    finally:
+        backend._probed = None
+    return fake_fi.CALLED, calls
+
+
+RECORDERS = {"aiter": _record_aiter, "flashinfer": _record_flashinfer}
+
+
+def _bind_all(calls, signature_of):
+    called = set()
+    for path, args, kwargs in calls:
+        signature_of(path).bind(*args, **kwargs)        # TypeError names the missing / unknown argument
+        called.add(path)
+    return called
+
+
+@pytest.mark.parametrize("vendor", sorted(RECORDERS))
+def test_adapter_calls_bind_to_fake_signatures(monkeypatch, vendor):
+    """Runs in CI: every vendor call the adapters make binds to the fakes' parameter lists, which are
+    copied from the released signatures (and compared with the installed ones below)."""
+    functions, calls = RECORDERS[vendor](monkeypatch)
+    called = _bind_all(calls, lambda path: inspect.signature(functions[path]))
+    assert called == set(functions), set(functions) - called
+
+
+def _real_function(path):
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@pytest.mark.parametrize("vendor, module, dist", [("aiter", "aiter", "amd-aiter"),
+                                                 ("flashinfer", "flashinfer", "flashinfer-python")])
+def test_adapter_calls_bind_to_installed_signatures(monkeypatch, vendor, module, dist):
+    """Where the vendor package is installed: the same recorded calls bind to the real functions, and
+    the fakes' parameter lists equal the real ones (so the CI run above stays meaningful)."""
+    try:
+        importlib.import_module(module)
+    except Exception as exc:
+        pytest.skip(f"{dist} is not importable here ({type(exc).__name__}: {str(exc)[:100]}); "
+                    "the drift check runs where it installs")
+    real = {}
+    from fakes import aiter as fake_aiter, flashinfer as fake_fi
+    fakes = fake_aiter.CALLED if vendor == "aiter" else fake_fi.CALLED
+    for path in fakes:
+        try:
+            real[path] = inspect.signature(_real_function(path))
+        except Exception as exc:
+            pytest.fail(f"{dist}: the adapter calls {path}, which the installed release lacks ({exc})")
+    with monkeypatch.context() as m:
+        _, calls = RECORDERS[vendor](m)
+    _bind_all(calls, real.__getitem__)
+    for path, sig in real.items():
+        ours = [(p.name, p.kind) for p in inspect.signature(fakes[path]).parameters.values()]
+        theirs = [(p.name, p.kind) for p in sig.parameters.values()]
+        assert ours == theirs, f"{path}: the fake's parameters differ from {dist}'s"
+
+
+def _schema_args(schema_str):
+    sig = torch._C.parse_schema(schema_str)
+    return [(a.name, str(a.type), a.alias_info is not None and a.alias_info.is_write) for a in sig.arguments]
+
+
+def test_xpu_schemas_match_installed():
+    """Where vllm-xpu-kernels imports (a PyTorch XPU build): its op schemas equal the fakes', which the
+    dispatcher enforces on every adapter call in the contract tests above."""
+    from fakes import xpu as fake_xpu
+    try:
+        importlib.import_module("vllm_xpu_kernels._xpu_C")
+        importlib.import_module("vllm_xpu_kernels._C")
+    except Exception as exc:
+        pytest.skip(f"vllm-xpu-kernels is not importable here ({type(exc).__name__}: {str(exc)[:100]}); "
+                    "the drift check runs on an XPU machine")
+    for path in fake_xpu.CALLED:
+        namespace, _, name = path.partition("::")
+        real = str(getattr(getattr(torch.ops, namespace), name).default._schema)
+        assert _schema_args(real) == _schema_args(fake_xpu.SCHEMAS[namespace][name]), (path, real)
+
+
+def test_xpu_fake_schemas_parse():
+    """The copied schema strings are well-formed and name the arguments the adapters pass."""
+    from fakes import xpu as fake_xpu
+    names = {path: [a[0] for a in _schema_args(fake_xpu.SCHEMAS[path.split("::")[0]][path.split("::")[1]])]
+             for path in fake_xpu.CALLED}
+    assert names["_xpu_C::deepseek_qnorm_rope_kv_insert"][-1] == "kv_cache_dtype"
+    assert names["_C::top_k_per_row_prefill"][-1] == "topK"

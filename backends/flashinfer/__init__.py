@@ -5,6 +5,7 @@ No fused Q-norm/RoPE/KV-insert of FlashInfer matches op 1's layouts (its DSV4 wr
 NVFP4 / V4.1 caches), so ``qnorm_rope_kv_insert`` is not served here.
 """
 from dsv4ops.backend_support import import_probe, sm_major
+from dsv4ops.formats import LAYOUTS
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
 
@@ -14,13 +15,17 @@ BACKEND = register_backend(Backend(
     description="FlashInfer TRTLLM-gen / SM12x sparse MLA decode and ragged top-k",
 ))
 
-_SM100 = ("sm100", "sm103")
+_SM100 = ("sm100", "sm103", "sm107")          # trtllm-gen in 0.7.2: SM100/103/107
 _SM120 = ("sm120", "sm121")
+_TRTLLM_LAYOUTS = (LAYOUTS["bf16"], LAYOUTS["fp8_per_tensor"])
+_DS_MLA = LAYOUTS["fp8_ds_mla"]
 
 
 def trtllm_inputs(plat: Platform, call) -> str | None:
-    if call.layout not in ("bf16", "fp8_per_tensor"):
-        return f"layout {call.layout!r}: the TRTLLM-gen kernels read bf16 / per-tensor fp8 rows"
+    if plat.arch not in _SM100:
+        return f"arch {plat.arch}: the TRTLLM-gen DSV4 decode runs on {', '.join(_SM100)}"
+    if call.layout not in _TRTLLM_LAYOUTS:
+        return f"layout {call.layout}: the TRTLLM-gen kernels read bf16 / per-tensor fp8 rows"
     if call.need_lse:
         return "TRTLLM-gen DSV4 decode returns no log-sum-exp (call with need_lse=False)"
     if call.indices.shape[1] != 128:
@@ -29,26 +34,11 @@ def trtllm_inputs(plat: Platform, call) -> str | None:
 
 
 def sm120_inputs(plat: Platform, call) -> str | None:
-    if call.layout != "fp8_ds_mla":
-        return f"layout {call.layout!r}: the SM120 kernels read the fp8_ds_mla (584 B) cache"
+    if plat.arch not in _SM120:
+        return f"arch {plat.arch}: the MODEL1 decode runs on {', '.join(_SM120)}"
+    if call.layout is not _DS_MLA:
+        return f"layout {call.layout}: the SM120 kernels read the fp8_ds_mla (584 B) cache"
     return None
-
-
-def decode_arch(plat: Platform, call) -> str | None:
-    if plat.arch in _SM100:
-        return trtllm_inputs(plat, call)
-    if plat.arch in _SM120:
-        return sm120_inputs(plat, call)
-    return f"arch {plat.arch}: FlashInfer's DSV4 decode runs on {', '.join(_SM100 + _SM120)} only"
-
-
-def sparse_mla_decode(**kwargs):
-    """Route by the device's architecture (decided by the capability check above)."""
-    from dsv4ops.platform import platform
-    from .decode import decode_sm120, decode_trtllm
-
-    arch = platform(kwargs["q"].device).arch
-    return (decode_trtllm if arch in _SM100 else decode_sm120)(**kwargs)
 
 
 def topk_arch(plat: Platform, call) -> str | None:
@@ -58,7 +48,9 @@ def topk_arch(plat: Platform, call) -> str | None:
     return None
 
 
-BACKEND.implements("sparse_mla_decode", sparse_mla_decode, priority=90, supports=decode_arch)
-# Below Triton until it has been measured and verified on hardware (docs/verified.md).
-BACKEND.implements("indexer_topk", "dsv4ops.backends.flashinfer.topk:indexer_topk", priority=40,
-                   supports=topk_arch)
+_P = "dsv4ops.backends.flashinfer"
+BACKEND.implements("sparse_mla_decode", f"{_P}.decode:decode_trtllm", name="flashinfer.trtllm_gen",
+                   supports=trtllm_inputs)
+BACKEND.implements("sparse_mla_decode", f"{_P}.decode:decode_sm120", name="flashinfer.sm120", supports=sm120_inputs)
+# Below Triton until it has been measured and verified on hardware (priorities.OP_PRIORITY).
+BACKEND.implements("indexer_topk", f"{_P}.topk:indexer_topk", supports=topk_arch)

@@ -10,16 +10,16 @@ import torch
 from dsv4ops.ops._rows import row_bounds
 
 
-def indexer_topk(logits, k, *, row_starts=None, row_ends=None, seq_lens=None, next_n=1, out=None):
+def indexer_topk(a):
     from flashinfer.topk import top_k_ragged_transform
 
-    R = logits.shape[0]
-    result = torch.empty(R, k, dtype=torch.int32, device=logits.device) if out is None else out
+    R = a.logits.shape[0]
+    result = torch.empty(R, a.k, dtype=torch.int32, device=a.logits.device) if a.out is None else a.out
     if R == 0:
         return result
-    starts, ends = row_bounds(row_starts, row_ends, seq_lens, next_n)
+    starts, ends = row_bounds(a.row_starts, a.row_ends, a.seq_lens, a.next_n)
     lengths = (ends - starts).clamp_min(0).to(torch.int32)
-    offsets = torch.zeros(R, dtype=torch.int32, device=logits.device)
-    got = top_k_ragged_transform(logits.contiguous(), offsets, lengths, k,
-                                 row_starts=starts.to(torch.int32) if row_starts is not None else None)
+    offsets = torch.zeros(R, dtype=torch.int32, device=a.logits.device)
+    got = top_k_ragged_transform(a.logits.contiguous(), offsets, lengths, a.k,
+                                 row_starts=starts.to(torch.int32) if a.row_starts is not None else None)
     return result.copy_(got)
