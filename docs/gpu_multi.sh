@@ -5,11 +5,7 @@
 # through the CLI. From the repo root:  bash docs/gpu_multi.sh OUTDIR
 set -uo pipefail
 out=${1:-/tmp/out}; mkdir -p "$out"; repo=$PWD
-python3 -m pip wheel -q --no-deps --no-build-isolation -w /tmp/dsv4ops-wheel . || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
-  /tmp/dsv4ops-wheel/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-cd /tmp   # import the installed wheel (with its entry points), not the checkout
+source "$repo/docs/gpu_install.sh"
 { nvidia-smi -L; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
   python3 -m dsv4ops.cli info | head -12 || true; } 2>&1 | tee "$out/multi_gpu_info.txt"
 python3 -m pytest -v -p no:cacheprovider "$repo/tests/test_devices.py" 2>&1 | tail -15 | tee "$out/multi_gpu_pytest.txt"

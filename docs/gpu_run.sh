@@ -8,11 +8,7 @@
 #   bash docs/gpu_run.sh OUTDIR          (SWEEP=1 also sweeps the Triton decode tunables)
 set -uo pipefail
 out=${1:-/tmp/out}; mkdir -p "$out"; repo=$PWD
-python3 -m pip wheel -q --no-deps --no-build-isolation -w /tmp/dsv4ops-wheel . || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl \
-  /tmp/dsv4ops-wheel/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-cd /tmp   # import the installed wheel (with its entry points), not the checkout
+source "$repo/docs/gpu_install.sh"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -m dsv4ops.cli info; } 2>&1 | tee "$out/info.txt"
 python3 -m dsv4ops.cli check --tier full --backends triton,flashmla,deepgemm --json "$out/conformance_full.json" 2>&1 \
   | tee "$out/conformance_full.txt"

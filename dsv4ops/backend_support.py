@@ -88,6 +88,13 @@ def decode_output(q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return torch.empty(q.shape[0], q.shape[1], 512, dtype=torch.bfloat16, device=q.device) if out is None else out
 
 
+def topk_output(a) -> torch.Tensor:
+    """The caller's ``out`` or a new int32 ``[R, k]`` for indexer_topk (typed args ``a``)."""
+    if a.out is not None:
+        return a.out
+    return torch.empty(a.logits.shape[0], a.k, dtype=torch.int32, device=a.logits.device)
+
+
 def pad_heads(q: torch.Tensor, attn_sink: torch.Tensor | None, padded: int):
     """Zero query heads and -inf sinks (no effect) up to ``padded`` heads; no copy when already there.
     Returns (q [T, padded, 512], sink [padded] or None)."""

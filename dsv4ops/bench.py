@@ -25,7 +25,7 @@ from .formats import Layout
 from .selection import decide
 
 # ---------------------------------------------------------------------------------------------
-# Shapes (spec §0) and the cost model
+# Shapes (docs/ops.md §0) and the cost model
 
 
 def production_cases() -> list[Case]:

@@ -95,11 +95,6 @@ class Checker:
             self.fail(name, f"must be a bool, got {value!r}")
         return value
 
-    def choice(self, name: str, value, choices) -> str:
-        if value not in choices:
-            self.fail(name, f"must be one of {list(choices)}, got {value!r}")
-        return value
-
     # -- value checks -------------------------------------------------------------------------
     def values_checked(self, t: torch.Tensor) -> bool:
         return t.device.type == "cpu" or self.debug

@@ -1,6 +1,6 @@
-"""Cache formats: allocate, pack, unpack, and the index conversions of spec §5.
+"""Cache formats: allocate, pack, unpack, and the index conversions of docs/ops.md §5.
 
-KV cache layouts (``layout=``), spec §1:
+KV cache layouts (``layout=``), docs/ops.md §1:
 
 * ``"fp8_ds_mla"`` (FlashMLA MODEL1, V4): uint8 ``[num_blocks, page_bytes]``. A page holds
   ``block_size`` data rows of 576 B (448 fp8 NoPE values, then 64 little-endian bf16 RoPE values),
@@ -10,7 +10,7 @@ KV cache layouts (``layout=``), spec §1:
 * ``"bf16"``: bf16 ``[num_blocks, block_size, 512]``.
 * ``"fp8_per_tensor"``: float8_e4m3fn ``[num_blocks, block_size, 512]`` holding ``sat(k / kv_scale)``.
 
-Indexer key cache (spec §3): uint8 ``[num_blocks, block_size, 1, 132]``; per page the
+Indexer key cache (docs/ops.md §3): uint8 ``[num_blocks, block_size, 1, 132]``; per page the
 ``block_size * 128`` fp8 values come first, then ``block_size`` fp32 scales (the strides of the
 4-D view do not describe single tokens).
 """
@@ -32,7 +32,7 @@ DS_MLA_DATA_BYTES = 576                 # 448 fp8 + 64 bf16
 DS_MLA_SCALE_BYTES = 8                  # 7 scales + 1 zero pad byte
 DS_MLA_TOKEN_BYTES = DS_MLA_DATA_BYTES + DS_MLA_SCALE_BYTES   # 584
 DS_MLA_PAGE_ALIGN = 576
-AMAX_FLOOR = 1e-4                       # vLLM writer rule (spec Decision 1)
+AMAX_FLOOR = 1e-4                       # vLLM writer rule (docs/ops.md §6)
 
 INDEX_DIM = 128
 INDEX_TOKEN_BYTES = INDEX_DIM + 4       # 132
@@ -127,7 +127,7 @@ def ds_mla_views(cache: torch.Tensor, block_size: int) -> tuple[torch.Tensor, to
 def encode_ds_mla(rows: torch.Tensor, flavour: str = "ocp") -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize rows ``[N, 512]`` to MODEL1 records: data uint8 ``[N, 576]``, scales uint8 ``[N, 8]``.
 
-    NoPE tiles use the vLLM writer rule (spec §1, Decision 1); the RoPE part is stored as bf16.
+    NoPE tiles use the vLLM writer rule (docs/ops.md §1); the RoPE part is stored as bf16.
     """
     rows = rows.to(torch.float32)
     n = rows.shape[0]
@@ -200,7 +200,7 @@ def unpack_kv(cache: torch.Tensor, layout: str, block_size: int, kv_scale=1.0) -
 
 
 # ---------------------------------------------------------------------------------------------
-# Indexer key cache (spec §3)
+# Indexer key cache (docs/ops.md §3)
 
 def pack_index_keys(keys: torch.Tensor, scale_fmt: str = "fp32") -> torch.Tensor:
     """Keys ``[num_blocks, block_size, 128]`` -> uint8 ``[num_blocks, block_size, 1, 132]``.
@@ -238,7 +238,7 @@ def unpack_index_keys(cache: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# Request-local -> global cache indices (spec §5, vLLM ComputeGlobalTopkIndicesAndLens)
+# Request-local -> global cache indices (docs/ops.md §5, vLLM ComputeGlobalTopkIndicesAndLens)
 
 def to_global_indices(local: torch.Tensor, block_table: torch.Tensor, token_to_req: torch.Tensor,
                       block_size: int, is_valid_token: torch.Tensor | None = None

@@ -206,7 +206,7 @@ def clear_cache() -> None:
 registry.on_change(clear_cache)
 
 
-def choose(op, call, backend: str | None) -> registry.Implementation:
+def choose(call, backend: str | None) -> registry.Implementation:
     """The implementation that runs ``call``; raises UnsupportedError when none can."""
     decision = decide(call, backend)
     if decision.selected is None:
@@ -223,7 +223,7 @@ def dispatch(op, args, backend: str | None) -> Any:
     if chosen is None or chosen.value_checked or debug_enabled():
         call = op.validate(args)
         if chosen is None:
-            impl = choose(op, call, backend)
+            impl = choose(call, backend)
             normalized = {name: new for name, old, new in zip(args._fields, args, call.args)
                           if new is not old and not isinstance(new, torch.Tensor)}
             chosen = _Chosen(impl.fn, call.device, normalized, call.device.type == "cpu")

@@ -1,4 +1,4 @@
-"""Reference for op 4, spec §4 "Exact math": dequantize both operands, contract in float64."""
+"""Reference for op 4, docs/ops.md §4 "Exact math": dequantize both operands, contract in float64."""
 from __future__ import annotations
 
 import torch

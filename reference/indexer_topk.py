@@ -1,4 +1,4 @@
-"""Reference for op 5, spec §5 and Decision 3: row-local indices of the k largest valid logits."""
+"""Reference for op 5, docs/ops.md §5: row-local indices of the k largest valid logits."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""Reference for op 3, spec §3 "Exact math" (DG ref_fp8_paged_mqa_logits)."""
+"""Reference for op 3, docs/ops.md §3 "Exact math" (DG ref_fp8_paged_mqa_logits)."""
 from __future__ import annotations
 
 import torch

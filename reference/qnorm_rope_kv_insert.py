@@ -1,4 +1,4 @@
-"""Reference for op 1, spec §1 "Exact math" and Decision 2."""
+"""Reference for op 1, docs/ops.md §1 "Exact math"."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""GPT-J interleaved RoPE on the last 64 dims (spec §1), shared by the references."""
+"""GPT-J interleaved RoPE on the last 64 dims (docs/ops.md §1), shared by the references."""
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,5 @@
-"""Reference for op 2, spec §2 "Exact math" (FMLA ref_sparse_attn_decode) in the token-flattened
-form of Decision 7."""
+"""Reference for op 2, docs/ops.md §2 "Exact math" (FMLA ref_sparse_attn_decode) in the token-flattened
+form (one query token per row)."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""Byte layouts and round trips of dsv4ops.formats (spec §1, §3, §5)."""
+"""Byte layouts and round trips of dsv4ops.formats (docs/ops.md §1, §3, §5)."""
 import pytest
 import torch
 

@@ -15,7 +15,7 @@ def _bf16(x: float) -> float:
 
 
 def _decode_ds_mla_slot(cache, block_size, slot):
-    """Decode one MODEL1 token by walking its bytes (spec §1 layout A)."""
+    """Decode one MODEL1 token by walking its bytes (docs/ops.md §1 layout A)."""
     page = cache[slot // block_size].tolist()
     off = slot % block_size
     data = page[off * 576:(off + 1) * 576]

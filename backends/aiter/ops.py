@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from dsv4ops import formats
-from dsv4ops.backend_support import decode_output
+from dsv4ops.backend_support import decode_output, topk_output
 from dsv4ops.ops._rows import row_bounds
 
 SINK_CLAMP = 1e30
@@ -107,7 +107,7 @@ def indexer_topk(a):
 
     logits = a.logits
     R = logits.shape[0]
-    result = torch.empty(R, a.k, dtype=torch.int32, device=logits.device) if a.out is None else a.out
+    result = topk_output(a)
     if R == 0:
         return result
     if logits.stride(1) != 1:

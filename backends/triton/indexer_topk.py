@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dsv4ops.backend_support import topk_output
 from dsv4ops.platform import platform
 
 from .tuning import tuning
@@ -114,7 +115,7 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
 
 def indexer_topk(a):
     R, W = a.logits.shape
-    out = torch.empty(R, a.k, dtype=torch.int32, device=a.logits.device) if a.out is None else a.out
+    out = topk_output(a)
     if R == 0:
         return out
     mode = 0 if a.seq_lens is None else (2 if a.seq_lens.dim() == 2 else 1)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from dsv4ops.backend_support import topk_output
 from dsv4ops.ops._rows import row_bounds
 
 
@@ -65,7 +66,7 @@ def paged_mqa_logits(a):
 
 def indexer_topk(a):
     R = a.logits.shape[0]
-    result = torch.empty(R, a.k, dtype=torch.int32, device=a.logits.device) if a.out is None else a.out
+    result = topk_output(a)
     if R == 0:
         return result
     starts, ends = row_bounds(a.row_starts, a.row_ends, a.seq_lens, a.next_n)

@@ -1,4 +1,4 @@
-"""The case matrix per op, generated from spec §0 (production shapes) and §1-§5 (corner cases).
+"""The case matrix per op, generated from docs/ops.md §0 (production shapes) and §1-§5 (corner cases).
 
 Tier ``quick``: small shapes that run in seconds on the CPU (the Triton interpreter in CI).
 Tier ``full``: V4-Flash / V4-Pro production shapes at TP 1-8, for GPUs.

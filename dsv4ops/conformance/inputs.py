@@ -2,7 +2,7 @@
 
 Each builder takes a device, a ``torch.Generator`` (CPU) and the case parameters and returns the
 op's keyword arguments. Poisons are part of the fixtures: cache rows no valid index selects hold NaN
-(spec §2), logits outside a row's range are +inf (a backend that ignores lengths picks them), and
+(docs/ops.md §2), logits outside a row's range are +inf (a backend that ignores lengths picks them), and
 cache bytes no slot owns are random (an insert that touches them is caught).
 """
 from __future__ import annotations

@@ -31,7 +31,7 @@ WINDOW, SWA_BLOCK, C4_BLOCK, RATIO, HEADS_PER_GROUP = 128, 64, 64, 4, 8
 
 @dataclass
 class Layer:
-    """Caches, metadata and weights of one C4 layer (spec §0 shapes, scaled by the arguments)."""
+    """Caches, metadata and weights of one C4 layer (docs/ops.md §0 shapes, scaled by the arguments)."""
 
     q: torch.Tensor                 # bf16 [T, H, 512]   (wq_b output)
     kv: torch.Tensor                # bf16 [T, 512]      (wkv output after kv_norm)

@@ -1,4 +1,4 @@
-"""Row ranges shared by paged_mqa_logits and indexer_topk (spec §3, §5)."""
+"""Row ranges shared by paged_mqa_logits and indexer_topk (docs/ops.md §3, §5)."""
 from __future__ import annotations
 
 import torch

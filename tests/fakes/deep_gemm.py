@@ -1,5 +1,5 @@
 """DeepGEMM entry points used by backends/deepgemm, both paged-logits API generations, with the
-documented argument contract (spec §3, §4; vendors.md)."""
+documented argument contract (docs/ops.md §3, §4; DeepGEMM README)."""
 import sys
 import types
 
