@@ -52,6 +52,24 @@ def priority(op: str, backend: str, declared: int | None = None) -> int:
     return PLUGIN_DEFAULT if declared is None else declared
 
 
+def _applies(p: Preference, key) -> bool:
+    try:
+        return bool(p.when(key))
+    except Exception:          # the preferred backend declines instead (preference_error)
+        return False
+
+
 def preferred(op: str, platform_key: tuple[str, str], key) -> dict[str, str]:
     """backend -> the backend it must outrank for this call (from PREFERENCES)."""
-    return {p.prefer: p.over for p in PREFERENCES if p.op == op and p.platform == platform_key and p.when(key)}
+    return {p.prefer: p.over for p in PREFERENCES if p.op == op and p.platform == platform_key and _applies(p, key)}
+
+
+def preference_error(op: str, platform_key: tuple[str, str], key, backend: str) -> str | None:
+    """Why ``backend`` declines when one of its preferences' conditions raises, else None."""
+    for p in PREFERENCES:
+        if p.op == op and p.platform == platform_key and p.prefer == backend:
+            try:
+                p.when(key)
+            except Exception as exc:
+                return f"preference over {p.over} raised {type(exc).__name__}: {exc}"
+    return None

@@ -6,6 +6,12 @@ a backend may register several implementations of one op (say, one per architect
 its own check, tried in registration order. Nothing here imports a vendor library: a backend's
 ``probe`` does that when first asked, and a ``target`` (``"module:function"``) is imported on
 first call. Implementations receive one argument: the op's typed args (``Op.Args``).
+
+Plugins (out-of-tree entry points) cannot break or impersonate: in-tree backends load first; a
+plugin may not take an in-tree backend's name (``priorities.PRIORITY``) or a name already taken; a
+plugin whose import raises (``SystemExit`` and ``KeyboardInterrupt`` included) or is refused leaves
+nothing registered and is listed by ``backends()`` with the reason; a capability check, probe or
+measured preference that raises declines that implementation with the exception as its reason.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import priorities
+from .errors import ConfigError
 from .platform import Platform
 
 ENTRY_POINT_GROUP = "dsv4ops.backends"
@@ -47,11 +54,17 @@ class Implementation:
         return self._fn
 
     def decline_reason(self, plat: Platform, key) -> str | None:
-        """None when this implementation can serve the call on ``plat``, else why not."""
-        reason = self.backend.decline_reason(plat)
-        if reason is None and self.supports is not None:
-            reason = self.supports(plat, key)
-        return reason
+        """None when this implementation can serve the call on ``plat``, else why not; a check
+        that raises declines with the exception as the reason (it must not break other backends)."""
+        try:
+            reason = self.backend.decline_reason(plat)
+            if reason is None:
+                reason = priorities.preference_error(self.op, plat.key, key, self.backend.name)
+            if reason is None and self.supports is not None:
+                reason = self.supports(plat, key)
+        except _CHECK_FAILURES as exc:
+            return f"capability check raised {type(exc).__name__}: {exc}"
+        return None if reason is None else str(reason)
 
 
 @dataclass
@@ -69,18 +82,20 @@ class Backend:
                    supports: Check | None = None) -> Implementation:
         """Register an implementation of ``op``; ``priority`` only for backends not in the
         priorities table (out-of-tree plugins)."""
-        impls = self.implementations.setdefault(op, [])
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+            raise ConfigError(f"backend {self.name!r}: priority= must be an int, got {priority!r}")
         impl = Implementation(op, self, name or self.name, target, priorities.priority(op, self.name, priority),
                               supports)
-        impls[:] = [i for i in impls if i.name != impl.name] + [impl]
         _register(impl)
+        impls = self.implementations.setdefault(op, [])
+        impls[:] = [i for i in impls if i.name != impl.name] + [impl]
         return impl
 
     def unavailable_reason(self) -> str | None:
         if self._probed is None:
             try:
                 reason = self.probe() if self.probe else None
-            except Exception as exc:  # a broken vendor install must not break dsv4ops
+            except _CHECK_FAILURES as exc:  # a broken vendor install must not break dsv4ops
                 reason = f"probe failed: {type(exc).__name__}: {exc}"
             self._probed = (True, reason)
         return self._probed[1]
@@ -101,6 +116,11 @@ class BackendInfo:
     description: str
 
 
+# What a plugin's code may raise without breaking dsv4ops: reported, never propagated. Imports also
+# catch KeyboardInterrupt (a plugin's import must not end the host's first call).
+_CHECK_FAILURES = (Exception, SystemExit)
+_IMPORT_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
+
 _lock = threading.RLock()
 _ops: dict[str, Any] = {}
 _backends: dict[str, Backend] = {}
@@ -108,6 +128,8 @@ _implementations: dict[str, list[Implementation]] = {}
 _listeners: list[Callable[[], None]] = []
 _loaded = False
 _load_errors: dict[str, str] = {}
+_loading = False                          # load_backends is running (a backend module may call back)
+_loading_plugin: str | None = None        # the plugin entry point being imported, if any
 
 
 def register_op(op) -> None:
@@ -134,9 +156,22 @@ def _changed() -> None:
 
 
 def register_backend(backend: Backend) -> Backend:
+    """Make ``backend`` known; ConfigError if its name is taken (see ``_claim``)."""
     with _lock:
+        _claim(backend)
         _backends[backend.name] = backend
     return backend
+
+
+def _claim(backend: Backend) -> None:
+    """Refuse a name held by another backend object, and, while a plugin loads, an in-tree name."""
+    holder = _backends.get(backend.name)
+    if holder is not None and holder is not backend:
+        raise ConfigError(f"backend name {backend.name!r} is already taken by another backend "
+                          f"({holder.description or 'registered earlier'}); choose another name")
+    if _loading_plugin is not None and backend.name in priorities.PRIORITY:
+        raise ConfigError(f"backend name {backend.name!r} belongs to an in-tree dsv4ops backend; "
+                          f"a plugin must choose another name")
 
 
 def unregister_backend(name: str) -> None:
@@ -150,6 +185,7 @@ def unregister_backend(name: str) -> None:
 
 def _register(impl: Implementation) -> None:
     with _lock:
+        _claim(impl.backend)
         impls = [i for i in _implementations.get(impl.op, [])
                  if (i.backend.name, i.name) != (impl.backend.name, impl.name)]
         impls.append(impl)
@@ -159,20 +195,60 @@ def _register(impl: Implementation) -> None:
     _changed()
 
 
+def _in_tree(ep) -> bool:
+    return ep.value.partition(":")[0].startswith("dsv4ops.")
+
+
 def load_backends() -> None:
-    """Import every backend module named in the ``dsv4ops.backends`` entry-point group (once)."""
-    global _loaded
+    """Import every backend module named in the ``dsv4ops.backends`` entry-point group (once):
+    the in-tree ones first, then plugins, each of which either loads whole or leaves nothing."""
+    global _loaded, _loading
     if _loaded:
         return
     with _lock:
-        if _loaded:
+        if _loaded or _loading:
             return
-        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            try:
-                ep.load()
-            except Exception as exc:  # report, never crash the host framework
-                _load_errors[ep.name] = f"{type(exc).__name__}: {exc}"
-        _loaded = True
+        _loading = True
+        try:
+            eps = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+            for ep in sorted(eps, key=lambda ep: not _in_tree(ep)):       # stable: in-tree first
+                if _in_tree(ep):
+                    _load(ep, ep.name)
+                elif ep.name in priorities.PRIORITY:
+                    _load_errors[f"{ep.name} ({ep.value})"] = (f"refused: plugin entry point {ep.value!r} uses "
+                                                               f"the name of the in-tree backend {ep.name!r}")
+                else:
+                    _load_plugin(ep)
+            _loaded = True
+        finally:
+            _loading = False
+
+
+def _load(ep, label: str) -> bool:
+    try:
+        ep.load()
+        return True
+    except _IMPORT_FAILURES as exc:  # report, never crash the host framework
+        _load_errors[label] = f"failed to load: {type(exc).__name__}: {exc}"
+        return False
+
+
+def _load_plugin(ep) -> None:
+    """Import a plugin; if that fails or is refused, undo whatever it registered."""
+    global _loading_plugin
+    backends_before = dict(_backends)
+    impls_before = {op: list(impls) for op, impls in _implementations.items()}
+    _loading_plugin = ep.name
+    try:
+        ok = _load(ep, ep.name if ep.name not in _backends else f"{ep.name} ({ep.value})")
+    finally:
+        _loading_plugin = None
+    if not ok:
+        _backends.clear()
+        _backends.update(backends_before)
+        _implementations.clear()
+        _implementations.update(impls_before)
+        _changed()
 
 
 def implementations(op: str) -> list[Implementation]:
@@ -200,5 +276,5 @@ def backends() -> list[BackendInfo]:
         infos.append(BackendInfo(name, reason is None, reason, b.platforms, tuple(sorted(b.implementations)),
                                  b.description))
     for name, err in sorted(_load_errors.items()):
-        infos.append(BackendInfo(name, False, f"failed to load: {err}", (), (), ""))
+        infos.append(BackendInfo(name, False, err, (), (), ""))
     return infos

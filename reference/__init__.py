@@ -10,9 +10,11 @@ from dsv4ops.platform import VENDORS
 from dsv4ops.registry import Backend, register_backend
 
 from . import fp8_einsum, indexer_topk, paged_mqa_logits, qnorm_rope_kv_insert, sparse_mla_decode
+from . import sparse_mla_prefill
 
 BACKEND = register_backend(Backend("reference", VENDORS, description="PyTorch references (any device)"))
-for _module in (qnorm_rope_kv_insert, sparse_mla_decode, paged_mqa_logits, fp8_einsum, indexer_topk):
+for _module in (qnorm_rope_kv_insert, sparse_mla_decode, paged_mqa_logits, fp8_einsum, indexer_topk,
+                sparse_mla_prefill):
     _name = _module.__name__.rpartition(".")[2]
     BACKEND.implements(_name, getattr(_module, _name))
 
@@ -31,5 +33,7 @@ sparse_mla_decode = _public(OPS["sparse_mla_decode"])
 paged_mqa_logits = _public(OPS["paged_mqa_logits"])
 fp8_einsum = _public(OPS["fp8_einsum"])
 indexer_topk = _public(OPS["indexer_topk"])
+sparse_mla_prefill = _public(OPS["sparse_mla_prefill"])
 
-__all__ = ["qnorm_rope_kv_insert", "sparse_mla_decode", "paged_mqa_logits", "fp8_einsum", "indexer_topk"]
+__all__ = ["qnorm_rope_kv_insert", "sparse_mla_decode", "paged_mqa_logits", "fp8_einsum", "indexer_topk",
+           "sparse_mla_prefill"]

@@ -1,9 +1,11 @@
 """Triton op 2: sparse MQA decode that reads each selected cache row once per (token, head block),
 dequantizes it in registers and serves all heads of the block from it (online softmax, base 2).
 
-Grid (T, head blocks, splits). When T x head blocks cannot fill the GPU, the combined index list
-(SWA segment, then extra segment) is split across programs and a second kernel merges the partial
+Grid (T x head blocks, splits), the head blocks of one token adjacent (they read the same rows,
+which then come from L2). When T x head blocks cannot fill the GPU, the combined index list (SWA
+segment, then extra segment) is split across programs and a second kernel merges the partial
 results by their log-sum-exp; the sink and the lonely-row rule are applied at the end.
+sparse_mla_prefill (sparse_mla_prefill.py) runs the same kernels with its own tile sizes.
 """
 from __future__ import annotations
 
@@ -91,9 +93,10 @@ def _decode_kernel(
     LAYOUT: tl.constexpr, FNUZ: tl.constexpr, SPLIT: tl.constexpr, Q_SCALE_PTR: tl.constexpr,
     KV_SCALE_PTR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    t = tl.program_id(0).to(tl.int64)
-    hb = tl.program_id(1)
-    split = tl.program_id(2)
+    head_blocks = tl.cdiv(H, BLOCK_H)
+    t = (tl.program_id(0) // head_blocks).to(tl.int64)
+    hb = tl.program_id(0) % head_blocks
+    split = tl.program_id(1)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     live = heads < H
     col = tl.arange(0, 512)
@@ -126,7 +129,7 @@ def _decode_kernel(
         o = o * load_scalar(kv_scale, KV_SCALE_PTR)
     lse = tl.where(empty, float("-inf"), (m + tl.log2(tl.where(empty, 1.0, l))) * 0.6931471805599453)
     if SPLIT:
-        row = (t * H + heads) * tl.num_programs(2) + split
+        row = (t * H + heads) * tl.num_programs(1) + split
         tl.store(part_o_ptr + row[:, None] * 512 + col[None, :], o, mask=live[:, None])
         tl.store(part_lse_ptr + row, lse, mask=live)
     else:
@@ -181,13 +184,19 @@ def choose_splits(T: int, head_blocks: int, index_blocks: int, device: torch.dev
 
 
 def sparse_mla_decode(a):
+    tune = tuning(platform(a.q.device))
+    return attend(a, tune.decode_block_h, tune.decode_block_k, tune.decode_warps, tune.decode_stages,
+                  tune.decode_waves)
+
+
+def attend(a, BLOCK_H: int, BLOCK_K: int, warps: int, stages: int, waves: int):
+    """Run the kernels on typed args ``a`` (sparse_mla_decode's or sparse_mla_prefill's, which are the
+    same) with the given tiles; returns (out bf16 [T, H, 512], lse fp32 [T, H] or None)."""
     T, H, _ = a.q.shape
     out = decode_output(a.q, a.out)
     lse = torch.empty(T, H, dtype=torch.float32, device=a.q.device)
     if T == 0:
         return out, lse if a.need_lse else None
-    tune = tuning(platform(a.q.device))
-    BLOCK_H, BLOCK_K = tune.decode_block_h, tune.decode_block_k
     layout = a.layout
     page = layout.page_bytes(a.block_size) if layout.is_ds_mla else 0
     has_extra = a.extra_kv_cache is not None
@@ -196,7 +205,7 @@ def sparse_mla_decode(a):
     x_page = layout.page_bytes(a.extra_block_size) if has_extra and layout.is_ds_mla else 0
     index_blocks = triton.cdiv(topk, BLOCK_K) + triton.cdiv(x_topk, BLOCK_K)
     head_blocks = triton.cdiv(H, BLOCK_H)
-    splits = choose_splits(T, head_blocks, index_blocks, a.q.device, tune.decode_waves)
+    splits = choose_splits(T, head_blocks, index_blocks, a.q.device, waves)
     per_split = triton.cdiv(index_blocks, splits)
     splits = triton.cdiv(index_blocks, per_split) if index_blocks else 1
     part_o = part_lse = out                     # unused placeholders when not splitting
@@ -206,7 +215,7 @@ def sparse_mla_decode(a):
     qs, qs_ptr = scalar_arg(a.q_scale)
     ks, ks_ptr = scalar_arg(a.kv_scale)
     dummy = a.indices
-    _decode_kernel[(T, head_blocks, splits)](
+    _decode_kernel[(T * head_blocks, splits)](
         a.q, H, a.kv_cache, a.indices, a.topk_lens if a.topk_lens is not None else dummy, topk, a.block_size, page,
         a.extra_kv_cache if has_extra else a.kv_cache, a.extra_indices if has_extra else dummy,
         a.extra_topk_lens if a.extra_topk_lens is not None else dummy, x_topk, a.extra_block_size or 1, x_page,
@@ -214,11 +223,11 @@ def sparse_mla_decode(a):
         HAS_LENS=a.topk_lens is not None, HAS_EXTRA=has_extra, HAS_X_LENS=a.extra_topk_lens is not None,
         HAS_SINK=a.attn_sink is not None, LAYOUT=layout.kind, FNUZ=layout.fp8_flavour == "fnuz",
         SPLIT=splits > 1, Q_SCALE_PTR=qs_ptr, KV_SCALE_PTR=ks_ptr, BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K,
-        num_warps=tune.decode_warps, num_stages=tune.decode_stages,
+        num_warps=warps, num_stages=stages,
     )
     if splits > 1:
         _combine_kernel[(T, head_blocks)](
             part_o, part_lse, a.attn_sink if a.attn_sink is not None else lse, out, lse, H, splits,
-            HAS_SINK=a.attn_sink is not None, BLOCK_H=BLOCK_H, num_warps=tune.decode_warps,
+            HAS_SINK=a.attn_sink is not None, BLOCK_H=BLOCK_H, num_warps=warps,
         )
     return out, lse if a.need_lse else None

@@ -21,6 +21,10 @@ class Tuning:
     decode_warps: int = 8
     decode_stages: int = 1
     decode_waves: int = 2           # split the index list until about this many programs per SM
+    prefill_block_h: int = 32       # sparse_mla_prefill: query heads per program (>= 16 for tl.dot)
+    prefill_block_k: int = 32       # sparse_mla_prefill: cache rows per step
+    prefill_warps: int = 8
+    prefill_stages: int = 1
     logits_block_t: int = 64        # compressed tokens per program
     logits_warps: int = 4
     einsum_block_m: int = 64
@@ -40,10 +44,13 @@ _TABLE = {
     # the full conformance tier ran with. Two stages over 4096-column chunks with 4096-wide blocks on
     # 8 warps measured 112 us (H100-sweep-topk-two-stage.txt) but its full-tier run did not fit the
     # session's device time: switch to it (topk_chunk=4096, topk_block=4096, topk_warps=8) after one.
+    # sparse_mla_prefill starts from the decode tiles (not yet swept: docs/perf/sweep_tunables.sh).
     ("cuda", "sm90"): Tuning(decode_block_h=64, decode_block_k=32, decode_warps=8, decode_waves=1,
+                             prefill_block_h=64, prefill_block_k=32, prefill_warps=8, prefill_stages=1,
                              einsum_block_m=64, einsum_block_n=128, einsum_stages=4, logits_block_t=128,
                              topk_block=8192, topk_warps=16, topk_chunk=1 << 20),
-    ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, topk_block=256, topk_chunk=64, logits_block_t=16,
+    ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, prefill_block_h=16, prefill_block_k=16,
+                          topk_block=256, topk_chunk=64, logits_block_t=16,
                           einsum_block_m=16, einsum_block_n=128),
 }
 

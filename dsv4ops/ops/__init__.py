@@ -1,9 +1,11 @@
 """The op declarations, one module per op (its ``OpSpec``, checks and fake outputs)."""
 from . import fp8_einsum, indexer_topk, paged_mqa_logits, qnorm_rope_kv_insert, sparse_mla_decode
+from . import sparse_mla_prefill
 
 # op name -> its defined Op (spec, typed args, public function, validation)
 OPS = {m.OP.name: m.OP for m in (qnorm_rope_kv_insert, sparse_mla_decode, paged_mqa_logits, fp8_einsum,
                                  indexer_topk)}
+OPS[sparse_mla_prefill.OP.name] = sparse_mla_prefill.OP
 OP_NAMES = tuple(OPS)
 
 qnorm_rope_kv_insert = OPS["qnorm_rope_kv_insert"].function
@@ -11,5 +13,6 @@ sparse_mla_decode = OPS["sparse_mla_decode"].function
 paged_mqa_logits = OPS["paged_mqa_logits"].function
 fp8_einsum = OPS["fp8_einsum"].function
 indexer_topk = OPS["indexer_topk"].function
+sparse_mla_prefill = OPS["sparse_mla_prefill"].function
 
 __all__ = ["OPS", "OP_NAMES", *OP_NAMES]
