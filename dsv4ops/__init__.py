@@ -10,6 +10,7 @@ from . import formats
 from .formats import Layout
 from .selection import Decision, decide
 from .errors import ConfigError, Dsv4opsError, InputError, UnsupportedError
+from .ops import inv_rope_fp8_quant
 from .ops import OP_NAMES, OPS, fp8_einsum, indexer_topk, paged_mqa_logits, qnorm_rope_kv_insert, sparse_mla_decode
 from .ops import sparse_mla_prefill
 from .platform import Platform, platform, simulate_platform
@@ -38,6 +39,7 @@ def explain(op_name: str, *args, backend: str | None = None, **kwargs) -> Decisi
 
 
 __all__ = [
+    "inv_rope_fp8_quant",
     "qnorm_rope_kv_insert", "sparse_mla_decode", "paged_mqa_logits", "fp8_einsum", "indexer_topk",
     "sparse_mla_prefill",
     "dispatch", "explain", "prepare", "PreparedOp", "backends", "platform", "simulate_platform", "formats", "reference",

@@ -19,6 +19,7 @@ def base(op):
                                                              block_size=16),
         "fp8_einsum": lambda: inputs.fp8_einsum("cpu", G(), B=2, H=2, D=128, R=256),
         "indexer_topk": lambda: inputs.indexer_topk("cpu", G(), R=4, W=64, k=8, mode="ranges"),
+        "inv_rope_fp8_quant": lambda: inputs.inv_rope_fp8_quant("cpu", G(), T=3, H=4, n_groups=2, max_pos=64),
     }[op]()
 
 
@@ -114,6 +115,21 @@ ERRORS = {
                                         seq_lens=torch.ones(2, 2, dtype=torch.int32))),
         ("next_n", _set(next_n=0)),
         ("out", _set(out=torch.empty(4, 8, dtype=torch.int64))),
+    ],
+    "inv_rope_fp8_quant": [
+        ("o", _with("o", lambda t: t.float())),
+        ("o", _with("o", lambda t: t[..., :448])),
+        ("o", _with("o", lambda t: t[:, :0])),
+        ("o", _with("o", lambda t: t[:, :3])),
+        ("o", _with("o", lambda t: t[0])),
+        ("positions", _with("positions", lambda t: t.int())),
+        ("positions", _with("positions", lambda t: t[:2])),
+        ("positions", _with("positions", lambda t: t + 64)),
+        ("positions", _with("positions", lambda t: t - 64)),
+        ("cos_sin_cache", _with("cos_sin_cache", lambda t: t[:, :32].contiguous())),
+        ("cos_sin_cache", _with("cos_sin_cache", lambda t: t.double())),
+        ("n_groups", _set(n_groups=0)),
+        ("n_groups", _set(n_groups=2.0)),
     ],
 }
 

@@ -57,3 +57,4 @@ BACKEND.implements("paged_mqa_logits", f"{_P}.paged_mqa_logits:paged_mqa_logits"
                    supports=all_of(runs_here, next_n_power_of_two))
 BACKEND.implements("fp8_einsum", f"{_P}.fp8_einsum:fp8_einsum", supports=runs_here)
 BACKEND.implements("indexer_topk", f"{_P}.indexer_topk:indexer_topk", supports=runs_here)
+BACKEND.implements("inv_rope_fp8_quant", f"{_P}.inv_rope_fp8_quant:inv_rope_fp8_quant", supports=runs_here)

@@ -35,6 +35,9 @@ class Tuning:
     topk_warps: int = 8
     topk_chunk: int = 4096          # columns per stage-1 program for long rows (at least k)
     insert_warps: int = 4
+    inv_rope_heads: int = 4         # heads per inv_rope_fp8_quant program
+    inv_rope_warps: int = 4
+    compress_warps: int = 4
 
 
 _TABLE = {

@@ -157,12 +157,29 @@ def _topk(tier):
     yield make_case(op, tier, R=32, W=700, k=1024, mode="ranges")                       # k > W
 
 
+def _inv_rope(tier):
+    op = "inv_rope_fp8_quant"
+    if tier == "quick":
+        yield make_case(op, tier, T=0, H=8, n_groups=1)
+        yield make_case(op, tier, T=5, H=16, n_groups=2)
+        yield make_case(op, tier, T=3, H=6, n_groups=3, head_stride=8, corner="zero_head")
+        yield make_case(op, tier, T=4, H=8, n_groups=8)
+        return
+    for model, heads in HEADS_PER_RANK.items():
+        for H, G in zip(heads, O_GROUPS_PER_RANK[model]):
+            for T in (1, 128):
+                yield make_case(op, tier, T=T, H=H, n_groups=G)
+    yield make_case(op, tier, T=2048, H=64, n_groups=8, corner="zero_head")
+    yield make_case(op, tier, T=64, H=64, n_groups=8, head_stride=72)
+
+
 _GENERATORS = {
     "qnorm_rope_kv_insert": _qnorm,
     "sparse_mla_decode": _decode,
     "paged_mqa_logits": _logits,
     "fp8_einsum": _einsum,
     "indexer_topk": _topk,
+    "inv_rope_fp8_quant": _inv_rope,
 }
 TIERS = ("quick", "full")
 
@@ -186,4 +203,5 @@ def typical_case(op: str) -> Case:
                                   block_size=C4_BLOCK),
         "fp8_einsum": make_case("fp8_einsum", "quick", B=4, H=8, D=O_LORA_RANK, R=O_GROUP_K),
         "indexer_topk": make_case("indexer_topk", "quick", R=4, W=1024, k=512, mode="decode2d"),
+        "inv_rope_fp8_quant": make_case("inv_rope_fp8_quant", "quick", T=4, H=64, n_groups=8),
     }[op]

@@ -249,10 +249,43 @@ def indexer_topk(case, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdic
     return c.verdict()
 
 
+def _fp8_blocks_close(c: _Collector, name: str, got: tuple, ref: tuple, block: int):
+    """fp8 values with power-of-two scales per ``block`` values of the last dim (``(values, scales)``):
+    each scale equal to the reference's or one power of two off, and every dequantized value within
+    one e4m3 step of the reference's (2^-3 relative, plus twice a subnormal step of the larger scale)."""
+    (gv, gs), (rv, rs) = got, ref
+    if gv.shape != rv.shape or gs.shape != rs.shape or gv.dtype != rv.dtype:
+        c.require(False, f"{name}: got {gv.dtype} {list(gv.shape)} / {list(gs.shape)}, expected "
+                         f"{rv.dtype} {list(rv.shape)} / {list(rs.shape)}")
+        return
+    if gv.numel() == 0:
+        return
+    ratio = gs.to(torch.float64) / rs.to(torch.float64)
+    c.require(bool(((ratio == 1) | (ratio == 2) | (ratio == 0.5)).all()),
+              f"{name} scales: {int((ratio != 1).sum())} differ by more than a factor of two (or are not finite)")
+    expand = lambda s: s.to(torch.float64).repeat_interleave(block, dim=-1)
+    got_x, ref_x = gv.to(torch.float64) * expand(gs), rv.to(torch.float64) * expand(rs)
+    atol = 2 * 2 ** -9 * torch.maximum(expand(gs), expand(rs))
+    diff, bound = (got_x - ref_x).abs(), atol + 2 ** -3 * ref_x.abs()
+    c.err(float((diff / bound).max()))
+    bad = ~(diff <= bound)
+    c.require(not bool(bad.any()), f"{name}: {int(bad.sum())} dequantized values more than one e4m3 step off, "
+              f"first at {torch.nonzero(bad)[0].tolist() if bad.any() else None}")
+
+
+def inv_rope_fp8_quant(case, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
+    """Both results per 1x128 block: scales equal up to one power of two, values within one e4m3 step."""
+    c = _Collector()
+    _fp8_blocks_close(c, "a", got_result, ref_result, 128)
+    c.require(got_result[0].is_contiguous() and got_result[1].is_contiguous(), "results must be contiguous")
+    return c.verdict()
+
+
 RULES = {
     "qnorm_rope_kv_insert": qnorm_rope_kv_insert,
     "sparse_mla_decode": sparse_mla_decode,
     "paged_mqa_logits": paged_mqa_logits,
     "fp8_einsum": fp8_einsum,
     "indexer_topk": indexer_topk,
+    "inv_rope_fp8_quant": inv_rope_fp8_quant,
 }

@@ -232,6 +232,22 @@ def indexer_topk(device, gen, *, R, W, k, mode="ranges", next_n=1, data="random"
     return _to(kwargs, device)
 
 
+# ---------------------------------------------------------------------------------------------
+def inv_rope_fp8_quant(device, gen, *, T, H, n_groups, max_pos=4096, head_stride=0, corner=None):
+    """Attention outputs of V4 magnitude (|o| up to about 0.5, one scale per head); ``head_stride``
+    > H makes ``o`` a head slice of a wider buffer; ``corner="zero_head"`` zeroes one head (amax floor)."""
+    width = max(head_stride, H)
+    o = _randn(gen, T, width, 512) * (0.01 + 0.2 * torch.rand(T, width, 1, generator=gen))
+    if corner == "zero_head" and T:
+        o[:, 0] = 0.0
+    positions = _randint(gen, 0, max_pos, (T,))
+    if T >= 2:
+        positions[0], positions[-1] = 0, max_pos - 1
+    kwargs = dict(o=o.to(torch.bfloat16)[:, :H], positions=positions, cos_sin_cache=cos_sin_cache(max_pos),
+                  n_groups=n_groups)
+    return _to(kwargs, device)
+
+
 def _to(kwargs: dict, device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
@@ -242,4 +258,5 @@ BUILDERS = {
     "paged_mqa_logits": paged_mqa_logits,
     "fp8_einsum": fp8_einsum,
     "indexer_topk": indexer_topk,
+    "inv_rope_fp8_quant": inv_rope_fp8_quant,
 }

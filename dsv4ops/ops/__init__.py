@@ -1,4 +1,5 @@
 """The op declarations, one module per op (its ``OpSpec``, checks and fake outputs)."""
+from . import inv_rope_fp8_quant
 from . import fp8_einsum, indexer_topk, paged_mqa_logits, qnorm_rope_kv_insert, sparse_mla_decode
 from . import sparse_mla_prefill
 
@@ -6,6 +7,7 @@ from . import sparse_mla_prefill
 OPS = {m.OP.name: m.OP for m in (qnorm_rope_kv_insert, sparse_mla_decode, paged_mqa_logits, fp8_einsum,
                                  indexer_topk)}
 OPS[sparse_mla_prefill.OP.name] = sparse_mla_prefill.OP
+OPS[inv_rope_fp8_quant.OP.name] = inv_rope_fp8_quant.OP
 OP_NAMES = tuple(OPS)
 
 qnorm_rope_kv_insert = OPS["qnorm_rope_kv_insert"].function
@@ -13,6 +15,7 @@ sparse_mla_decode = OPS["sparse_mla_decode"].function
 paged_mqa_logits = OPS["paged_mqa_logits"].function
 fp8_einsum = OPS["fp8_einsum"].function
 indexer_topk = OPS["indexer_topk"].function
+inv_rope_fp8_quant = OPS["inv_rope_fp8_quant"].function
 sparse_mla_prefill = OPS["sparse_mla_prefill"].function
 
 __all__ = ["OPS", "OP_NAMES", *OP_NAMES]
