@@ -44,6 +44,8 @@ BACKEND.implements("qnorm_rope_kv_insert", f"{_P}.qnorm_rope_kv_insert:qnorm_rop
                    supports=all_of(runs_here, fp8_flavour_matches))
 BACKEND.implements("sparse_mla_decode", f"{_P}.sparse_mla_decode:sparse_mla_decode",
                    supports=all_of(runs_here, fp8_flavour_matches))
+BACKEND.implements("sparse_mla_prefill", f"{_P}.sparse_mla_prefill:sparse_mla_prefill",
+                   supports=all_of(runs_here, fp8_flavour_matches))
 
 
 def next_n_power_of_two(plat: Platform, call) -> str | None:

@@ -105,6 +105,42 @@ def _decode(tier):
                 extra_block_size=C4_BLOCK, sink="inf", out=True)
 
 
+def _prefill(tier):
+    op = "sparse_mla_prefill"
+    if tier == "quick":
+        yield make_case(op, tier, T=0, H=4, topk=64, layout="fp8_ds_mla")
+        for layout in LAYOUTS:
+            yield make_case(op, tier, T=3, H=16, topk=64, layout=layout, extra_topk=64, extra_block_size=C128_BLOCK)
+        yield make_case(op, tier, T=2, H=64, topk=32, layout="fp8_ds_mla", extra_topk=64, extra_block_size=16)
+        yield make_case(op, tier, T=2, H=20, topk=32, layout="bf16", extra_topk=32, extra_block_size=16)
+        for corner in ("all_invalid", "pad_middle", "duplicates", "zero_len"):
+            yield make_case(op, tier, T=3, H=16, topk=32, layout="fp8_ds_mla", extra_topk=64,
+                            extra_block_size=16, corner=corner)
+        yield make_case(op, tier, T=2, H=16, topk=64, layout="fp8_ds_mla", sink="inf", lens="full", out=True)
+        yield make_case(op, tier, T=2, H=16, topk=32, layout="fp8_ds_mla", sink=None, lens=None)
+        yield make_case(op, tier, T=3, H=16, topk=32, layout="bf16", extra_topk=64, extra_block_size=16,
+                        need_lse=False)
+        return
+    for model, heads in HEADS_PER_RANK.items():
+        extra = dict(topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=INDEX_TOPK[model],
+                     extra_block_size=C4_BLOCK)
+        for H, T in ((heads[0], 4096), (heads[0], 8192), (heads[1], 4096)):
+            yield make_case(op, tier, T=T, H=H, **extra)
+        yield make_case(op, tier, T=4096, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK,
+                        extra_topk=128, extra_block_size=C128_BLOCK)          # C128 layer
+        yield make_case(op, tier, T=2048, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK)
+    for layout in ("bf16", "fp8_per_tensor"):
+        yield make_case(op, tier, T=1024, H=64, topk=WINDOW, layout=layout, block_size=SWA_BLOCK, extra_topk=512,
+                        extra_block_size=C4_BLOCK)
+    for corner in ("all_invalid", "pad_middle", "duplicates", "zero_len"):
+        yield make_case(op, tier, T=512, H=128, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK,
+                        extra_topk=1024, extra_block_size=C4_BLOCK, corner=corner)
+    yield make_case(op, tier, T=1024, H=128, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=1024,
+                    extra_block_size=C4_BLOCK, sink="inf", out=True)
+    yield make_case(op, tier, T=1024, H=64, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=512,
+                    extra_block_size=C4_BLOCK, sink=None, need_lse=False)
+
+
 def _logits(tier):
     op = "paged_mqa_logits"
     if tier == "quick":
@@ -176,6 +212,7 @@ def _inv_rope(tier):
 _GENERATORS = {
     "qnorm_rope_kv_insert": _qnorm,
     "sparse_mla_decode": _decode,
+    "sparse_mla_prefill": _prefill,
     "paged_mqa_logits": _logits,
     "fp8_einsum": _einsum,
     "indexer_topk": _topk,
@@ -199,6 +236,8 @@ def typical_case(op: str) -> Case:
                                       block_size=SWA_BLOCK),
         "sparse_mla_decode": make_case("sparse_mla_decode", "quick", T=4, H=64, topk=WINDOW, layout="fp8_ds_mla",
                                    block_size=SWA_BLOCK, extra_topk=512, extra_block_size=C4_BLOCK),
+        "sparse_mla_prefill": make_case("sparse_mla_prefill", "quick", T=64, H=64, topk=WINDOW, layout="fp8_ds_mla",
+                                          block_size=SWA_BLOCK, extra_topk=512, extra_block_size=C4_BLOCK),
         "paged_mqa_logits": make_case("paged_mqa_logits", "quick", B=2, next_n=1, context=256, H=INDEX_HEADS,
                                   block_size=C4_BLOCK),
         "fp8_einsum": make_case("fp8_einsum", "quick", B=4, H=8, D=O_LORA_RANK, R=O_GROUP_K),

@@ -284,6 +284,7 @@ def inv_rope_fp8_quant(case, ref_kwargs, ref_result, got_kwargs, got_result) -> 
 RULES = {
     "qnorm_rope_kv_insert": qnorm_rope_kv_insert,
     "sparse_mla_decode": sparse_mla_decode,
+    "sparse_mla_prefill": sparse_mla_decode,      # the same semantics and inputs (docs/ops.md)
     "paged_mqa_logits": paged_mqa_logits,
     "fp8_einsum": fp8_einsum,
     "indexer_topk": indexer_topk,

@@ -109,7 +109,9 @@ def _filled_cache(gen, layout, block_size, num_slots, selected, kv_scale):
 
 
 def sparse_mla_decode(device, gen, *, T, H, topk, layout, block_size=64, extra_topk=0, extra_block_size=64,
-                      sink="random", lens="random", corner=None, out=False, need_lse=True):
+                      sink="random", lens="random", corner=None, out=False, need_lse=True, extra_slots=0):
+    """Inputs of sparse_mla_decode and sparse_mla_prefill; ``extra_slots`` sizes the extra cache (at
+    least twice extra_topk) to spread the selections, as a long context does."""
     per_tensor = Layout.of(layout).has_tensor_scale
     kv_scale = 0.25 if per_tensor else 1.0
     num_slots = max(2 * topk, 4 * block_size)
@@ -123,7 +125,7 @@ def sparse_mla_decode(device, gen, *, T, H, topk, layout, block_size=64, extra_t
     if per_tensor:
         kwargs.update(kv_scale=kv_scale, q_scale=0.5)
     if extra_topk:
-        n_extra = max(2 * extra_topk, 4 * extra_block_size)
+        n_extra = max(2 * extra_topk, 4 * extra_block_size, extra_slots)
         n_extra += (-n_extra) % extra_block_size
         e_idx, e_lens, e_sel = _index_lists(gen, T, extra_topk, n_extra, lens, corner)
         kwargs.update(extra_kv_cache=_filled_cache(gen, layout, extra_block_size, n_extra, e_sel, kv_scale),
@@ -255,6 +257,7 @@ def _to(kwargs: dict, device) -> dict:
 BUILDERS = {
     "qnorm_rope_kv_insert": qnorm_rope_kv_insert,
     "sparse_mla_decode": sparse_mla_decode,
+    "sparse_mla_prefill": sparse_mla_decode,
     "paged_mqa_logits": paged_mqa_logits,
     "fp8_einsum": fp8_einsum,
     "indexer_topk": indexer_topk,
