@@ -18,7 +18,8 @@ import torch
 
 from . import registry, selection
 from .errors import InputError
-from .formats import Layout
+from .formats import LAYOUTS, Layout
+from .platform import thread_state
 from .checker import Checker
 
 REQUIRED = inspect.Parameter.empty
@@ -133,10 +134,11 @@ class Op:
         self.Args = collections.namedtuple(_camel(spec.name) + "Args", [a.name for a in spec.args])
         self.Args.__doc__ = f"Typed arguments of {spec.name} (what every implementation receives)."
         self.signature = inspect.Signature(_parameters(spec.args))
-        self.bind = _generate(spec, "bind", "return Args({values})", {"Args": self.Args})
-        self.function = _generate(spec, spec.name, "return dispatch(op, Args({values}), backend)",
-                                  {"Args": self.Args, "dispatch": selection.dispatch, "op": self},
-                                  with_backend=True)
+        self.bind = _generate(spec, "bind", "    return Args({values})", {"Args": self.Args})
+        self.structure = _structure_function(spec)
+        self.function = _generate(spec, spec.name, _FAST_PATH, {
+            "Args": self.Args, "op": self, "fast": selection.fast_table(spec.name), "dispatch": selection.dispatch,
+            "thread": thread_state, "Tensor": torch.Tensor, "layout_of": LAYOUTS}, with_backend=True)
         self.function.__doc__ = spec.doc
         self.function.__module__ = "dsv4ops"
 
@@ -185,6 +187,52 @@ def _parameters(args, with_backend: bool = False) -> list[inspect.Parameter]:
     return params
 
 
+# The public function's body. The structure key is looked up in the op's fast table (filled by
+# selection.dispatch); a hit runs the chosen implementation with no further Python checks, anything
+# else (a new structure, an argument that has none) goes through validation and selection.
+_FAST_PATH = """\
+    try:
+        key = (backend, thread.simulated, {structure})
+        run = fast.get(key)
+    except (TypeError, AttributeError, RuntimeError):
+        key = run = None
+    if run is None:
+        return dispatch(op, Args({values}), backend, key)
+    return run(Args({normalized}))"""
+
+
+def _structure_terms(spec: OpSpec, ref: Callable[[str], str]) -> list[str]:
+    """The structure key of a call, as expressions over the arguments: per tensor dtype, device (the
+    first tensor's in full, the others' index), shape and strides; every other value with its type."""
+    def meta(r: str, device: str) -> str:
+        return f"{r}.dtype, {r}.{device}, {r}.shape, {r}.stride()"
+
+    terms, first = [], True
+    for a in spec.args:
+        r = ref(a.name)
+        if a.type is torch.Tensor:
+            terms.append(meta(r, "device" if first else "get_device()"))
+            first = False
+        elif a.type == Optional[torch.Tensor]:
+            terms.append(f"None if {r} is None else ({meta(r, 'get_device()')})")
+        elif a.type == Scale:
+            terms.append(f"{r}.__class__, ({meta(r, 'get_device()')}) if isinstance({r}, Tensor) else {r}")
+        elif a.type in (int, float, bool, Optional[int]):
+            terms.append(f"{r}.__class__, {r}")          # 16.0 == 16 and 0 == False, but not valid alike
+        else:
+            terms.append(r)
+    assert not first, f"{spec.name}: an op needs a required tensor argument (it fixes the device)"
+    return terms
+
+
+def _structure_function(spec: OpSpec) -> Callable:
+    """``structure(args)``: the structure key of typed args (what prepared calls compare)."""
+    source = f"def structure(a):\n    return ({', '.join(_structure_terms(spec, lambda n: 'a.' + n))},)\n"
+    namespace = {"Tensor": torch.Tensor}
+    exec(compile(source, f"<dsv4ops op {spec.name} structure>", "exec"), namespace)
+    return namespace["structure"]
+
+
 def _generate(spec: OpSpec, name: str, body: str, env: dict, with_backend: bool = False) -> Callable:
     """A function with the spec's exact signature (no ``*args`` re-binding on the hot path)."""
     params, defaults, star = [], {}, False
@@ -201,7 +249,9 @@ def _generate(spec: OpSpec, name: str, body: str, env: dict, with_backend: bool 
     if with_backend:
         params += ([] if star else ["*"]) + ["backend=None"]
     values = ", ".join(a.name for a in spec.args)
-    source = f"def {name}({', '.join(params)}):\n    {body.format(values=values)}\n"
+    normalized = ", ".join(f"layout_of.get({a.name}, {a.name})" if a.type is Layout else a.name for a in spec.args)
+    body = body.format(values=values, normalized=normalized, structure=", ".join(_structure_terms(spec, str)))
+    source = f"def {name}({', '.join(params)}):\n{body}\n"
     namespace = {**env, **defaults}
     exec(compile(source, f"<dsv4ops op {spec.name}>", "exec"), namespace)
     fn = namespace[name]

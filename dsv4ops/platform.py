@@ -8,13 +8,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.metadata
-import os
 import platform as _host
+import re
 import threading
 from dataclasses import dataclass, field
 
 import torch
 
+from . import settings
 from .errors import ConfigError
 
 VENDORS = ("cuda", "rocm", "xpu", "cpu")
@@ -86,43 +87,49 @@ def _detect(device_type: str, index: int) -> Platform:
     return Platform("cpu", _host.machine() or "cpu", "host CPU", libraries=libs)
 
 
-_local = threading.local()
+class _ThreadState(threading.local):
+    simulated: Platform | None = None       # set by simulate_platform in this thread
+
+
+thread_state = _ThreadState()
+
+# What an arch tag looks like per vendor (a simulated platform must name a real one).
+_ARCH_PATTERNS = {"cuda": r"sm\d{2,3}a?", "rocm": r"gfx[0-9a-f]{3,4}", "xpu": r"[a-z0-9_]+", "cpu": r"[a-z0-9_]+"}
 
 
 def _env_simulation() -> Platform | None:
-    spec = os.environ.get("DSV4OPS_PLATFORM")
-    if not spec:
-        return None
-    return _parse_simulation(spec, "DSV4OPS_PLATFORM")
+    spec = settings.current().platform
+    return _parse_simulation(spec, "DSV4OPS_PLATFORM") if spec else None
 
 
 @functools.lru_cache(maxsize=32)
 def _parse_simulation(spec: str, source: str) -> Platform:
     vendor, _, arch = spec.partition(":")
-    if vendor not in VENDORS or not arch:
-        raise ConfigError(f"{source}={spec!r}: expected 'vendor:arch' with vendor in {VENDORS}, e.g. 'cuda:sm100'")
+    if vendor not in VENDORS or not re.fullmatch(_ARCH_PATTERNS[vendor], arch):
+        raise ConfigError(f"{source}={spec!r}: expected 'vendor:arch' with vendor in {VENDORS} and an arch of "
+                          f"that vendor (cuda: sm90, sm100, ...; rocm: gfx942, gfx950, ...), e.g. 'cuda:sm100'")
     return Platform(vendor, arch, f"simulated {vendor} {arch}", simulated=True)
 
 
 @contextlib.contextmanager
 def simulate_platform(vendor: str, arch: str):
     """Within the block, every device reports ``vendor:arch`` (for tests and ``explain``)."""
-    previous = getattr(_local, "simulated", None)
-    _local.simulated = _parse_simulation(f"{vendor}:{arch}", "simulate_platform")
+    previous = thread_state.simulated
+    thread_state.simulated = _parse_simulation(f"{vendor}:{arch}", "simulate_platform")
     try:
-        yield _local.simulated
+        yield thread_state.simulated
     finally:
-        _local.simulated = previous
+        thread_state.simulated = previous
 
 
 def current_simulation() -> Platform | None:
     """The platform set by an enclosing ``simulate_platform`` block in this thread, if any."""
-    return getattr(_local, "simulated", None)
+    return thread_state.simulated
 
 
 def platform(device: torch.device | str | None = None) -> Platform:
     """The platform of ``device`` (default: the current accelerator if any, else the CPU)."""
-    simulated = getattr(_local, "simulated", None) or _env_simulation()
+    simulated = thread_state.simulated or _env_simulation()
     if simulated is not None:
         return simulated
     if device is None:

@@ -6,40 +6,45 @@
 
 An engine binds one per layer and call site at start-up (or before CUDA-graph capture). Arguments
 not given keep the prepared values. ``__call__`` verifies that the arguments have the structure
-(dtypes, devices, shapes, strides, scalars: the dispatch fingerprint) that was validated and raises
-``InputError`` otherwise; ``run`` trusts the caller and costs what calling the kernel directly costs.
+(dtypes, devices, shapes, strides, scalars and their types: the op's structure key) that was
+validated and raises ``InputError`` otherwise; on CPU tensors, and with ``DSV4OPS_DEBUG=1``, it
+validates the values too, like a plain call. ``run`` trusts the caller and costs what calling the
+kernel directly costs.
 """
 from __future__ import annotations
 
-from .device_guard import run_on
 from .errors import InputError, UnsupportedError
 from .ops import OPS
-from .selection import Decision, decide, fingerprint
+from .selection import Decision, decide, runner
+from .settings import debug_enabled
 
 
 class PreparedOp:
     def __init__(self, op, decision: Decision, call):
+        self._op = op
         self.op = op.name
         self.decision = decision
         self.backend = decision.backend
         self.device = call.device
-        self._fn = decision.selected.fn
+        self._run = runner(decision.selected, call.device)
         self._args = call.args
-        self._fingerprint = fingerprint(call.args)
+        self._structure = op.structure(call.args)
 
     def run(self, **changes):
         """Call the chosen implementation; the arguments must match the prepared structure."""
-        return run_on(self.device, self._fn, self._args._replace(**changes))
+        return self._run(self._args._replace(**changes))
 
     def __call__(self, **changes):
         try:
             args = self._args._replace(**changes)
         except ValueError as exc:
             raise InputError(f"{self.op}: {exc}") from None
-        if fingerprint(args) != self._fingerprint:
+        if self._op.structure(args) != self._structure:
             raise InputError(f"{self.op}: arguments differ in dtype, device, shape, strides or a scalar from "
                              f"the ones this call was prepared with; prepare a new call for them")
-        return run_on(self.device, self._fn, args)
+        if self.device.type == "cpu" or debug_enabled():
+            args = self._op.validate(args).args          # value checks (index ranges, lengths)
+        return self._run(args)
 
     def __repr__(self) -> str:
         return f"PreparedOp({self.op} -> {self.backend})"

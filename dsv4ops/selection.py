@@ -1,35 +1,27 @@
 """Choosing and running an implementation: ``backend=`` argument, then ``DSV4OPS_BACKEND``, then priority.
 
-One fingerprint of a call serves every cache: per tensor its dtype, device, shape and strides, every
-other argument as it is (``fingerprint``). A call whose fingerprint was seen before goes straight to
-the implementation chosen then (``dispatch``); validation runs again only where value checks apply
-(CPU tensors, or ``DSV4OPS_DEBUG=1``). Capability checks see the call's ``DispatchKey``, a coarser
-view, so every decision cached per fingerprint is the one ``decide`` would make again.
+One structure key of a call (``Op.structure``, generated per op in opspec.py) serves every cache:
+per tensor its dtype, device, shape and strides, every other argument with its type. A call whose
+key was seen before goes straight to the implementation chosen then; validation runs again only
+where value checks apply (CPU tensors, or ``DSV4OPS_DEBUG=1``). Capability checks see the call's
+``DispatchKey``, a coarser view, so every decision cached per key is the one ``decide`` would make.
 """
 from __future__ import annotations
 
 import functools
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from . import priorities, registry
-from .device_guard import run_on
+from . import priorities, registry, settings
+from .device_guard import bound_to
 from .errors import ConfigError, UnsupportedError
-from .platform import Platform, current_simulation, platform
-from .settings import debug_enabled
+from .platform import Platform, platform
 
 ENV = "DSV4OPS_BACKEND"
-PLATFORM_ENV = "DSV4OPS_PLATFORM"
 _MAX_CACHED = 4096
-
-
-def fingerprint(args) -> tuple:
-    """Hashable structure of a call's arguments: tensor dtype, device, shape, strides; other values."""
-    return tuple((v.dtype, v.device, v.shape, v.stride()) if isinstance(v, torch.Tensor) else v for v in args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -52,7 +44,7 @@ def parse_backend_env(value: str) -> dict[str, EnvChoice]:
     value = value.strip()
     if not value:
         return {}
-    entries = [e.strip() for e in value.split(",")]
+    entries = [e.strip() for e in value.split(",") if e.strip()]       # a trailing comma is harmless
     if len(entries) == 1 and "=" not in entries[0]:
         entries = [f"*={entries[0]}"]
     parsed: dict[str, EnvChoice] = {}
@@ -60,7 +52,8 @@ def parse_backend_env(value: str) -> dict[str, EnvChoice]:
         op, eq, names = entry.partition("=")
         op, names = op.strip(), names.strip()
         if not eq or not op or not names:
-            raise ConfigError(f"{ENV}: bad entry {entry!r}; expected 'backend' or 'op=backend[|backend...]'")
+            raise ConfigError(f"{ENV}={value!r}: bad entry {entry!r}; expected one 'backend', or entries "
+                              f"'op=backend[|backend...]' separated by ',' ('*' for every op)")
         if op != "*" and op not in op_names:
             raise ConfigError(f"{ENV}: bad entry {entry!r}: unknown op {op!r}; ops are {', '.join(op_names)} or '*'")
         if op in parsed:
@@ -75,7 +68,7 @@ def parse_backend_env(value: str) -> dict[str, EnvChoice]:
 
 
 def env_choice(op: str) -> EnvChoice | None:
-    table = parse_backend_env(os.environ.get(ENV, ""))
+    table = parse_backend_env(settings.current().backend)
     return table.get(op) or table.get("*")
 
 
@@ -132,10 +125,10 @@ def decide(call, backend: str | None = None, *, evaluate_all: bool = False) -> D
     also asks the remaining wanted ones, to report why each would or would not serve."""
     plat = platform(call.device)
     ranked = _ordered(call, plat)
+    choice = env_choice(call.op)           # a malformed DSV4OPS_BACKEND is an error even when overridden
     if backend is not None:
         source, wanted, strict = "backend= argument", (backend,), True
     else:
-        choice = env_choice(call.op)
         if choice is not None:
             source, wanted, strict = ENV, choice.backends, choice.strict
         else:
@@ -185,25 +178,34 @@ def decide(call, backend: str | None = None, *, evaluate_all: bool = False) -> D
 
 # ---------------------------------------------------------------------------------------------
 # The hot path
+#
+# Each op's public function (generated in opspec.py) looks its call's structure key up in the op's
+# fast table: per tensor dtype, device, shape and strides, every other argument with its type (so
+# ``block_size=16.0`` is not taken for the validated ``16``), the ``backend=`` argument and the
+# thread's simulated platform. A hit calls the chosen implementation at once. A miss comes here:
+# validation, then the decision (cached per key as well), then, where value checks need not run on
+# every call (accelerator tensors without DSV4OPS_DEBUG), the runner goes into the fast table.
+# Settings and registry changes empty every table.
 
-@dataclass(frozen=True)
-class _Chosen:
-    fn: Callable
-    device: torch.device
-    normalized: dict            # argument values validation normalized (a layout name -> Layout)
-    value_checked: bool         # CPU tensors: validation (value checks) runs on every call
+_fast_tables: dict[str, dict] = {}
+_decisions: dict[tuple, tuple] = {}
+_lock = threading.Lock()
 
 
-_cache: dict[tuple, _Chosen] = {}
-_cache_lock = threading.Lock()
+def fast_table(op_name: str) -> dict:
+    """The structure key -> runner table of one op (the generated public function holds it)."""
+    return _fast_tables.setdefault(op_name, {})
 
 
 def clear_cache() -> None:
-    with _cache_lock:
-        _cache.clear()
+    with _lock:
+        for table in _fast_tables.values():
+            table.clear()
+        _decisions.clear()
 
 
 registry.on_change(clear_cache)
+settings.on_reload(clear_cache)
 
 
 def choose(call, backend: str | None) -> registry.Implementation:
@@ -214,24 +216,31 @@ def choose(call, backend: str | None) -> registry.Implementation:
     return decision.selected
 
 
-def dispatch(op, args, backend: str | None) -> Any:
-    """Validate, choose and run one call of ``op`` (typed ``args``), on the device of its tensors."""
-    environ = os.environ
-    key = (op, backend, environ.get(ENV, ""), environ.get(PLATFORM_ENV, ""), current_simulation(),
-           fingerprint(args))
-    chosen = _cache.get(key)
-    if chosen is None or chosen.value_checked or debug_enabled():
-        call = op.validate(args)
-        if chosen is None:
-            impl = choose(call, backend)
-            normalized = {name: new for name, old, new in zip(args._fields, args, call.args)
-                          if new is not old and not isinstance(new, torch.Tensor)}
-            chosen = _Chosen(impl.fn, call.device, normalized, call.device.type == "cpu")
-            with _cache_lock:
-                if len(_cache) >= _MAX_CACHED:
-                    _cache.clear()
-                _cache[key] = chosen
-        args = call.args
-    elif chosen.normalized:
-        args = args._replace(**chosen.normalized)
-    return run_on(chosen.device, chosen.fn, args)
+def runner(impl: registry.Implementation, device) -> Callable[[Any], Any]:
+    """``impl`` bound to the inputs' device: what a fast-table hit calls with the typed args."""
+    return bound_to(device, impl.fn)
+
+
+def skips_validation(device) -> bool:
+    """Whether calls on ``device`` may skip validation once their structure was validated: value
+    checks (index ranges, lengths) run on CPU tensors always, on accelerators under DSV4OPS_DEBUG."""
+    return device.type != "cpu" and not settings.current().debug
+
+
+def dispatch(op, args, backend: str | None, key: tuple | None = None) -> Any:
+    """Validate, choose and run one call of ``op`` (typed ``args``); ``key`` is the call's structure
+    key (None when it has none: an unhashable or malformed argument, which validation reports)."""
+    call = op.validate(args)
+    cached = _decisions.get((op.name, key)) if key is not None else None
+    if cached is None:
+        run = runner(choose(call, backend), call.device)
+        if key is not None:
+            with _lock:
+                if len(_decisions) >= _MAX_CACHED:
+                    _decisions.clear()
+                _decisions[(op.name, key)] = (run,)
+                if skips_validation(call.device):
+                    fast_table(op.name)[key] = run
+    else:
+        run, = cached
+    return run(call.args)

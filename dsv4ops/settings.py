@@ -1,7 +1,85 @@
-"""Environment settings read on the hot path (no caching: tests and users may change them)."""
+"""Every ``DSV4OPS_*`` environment variable, read in one place.
+
+The variables are read once, into an immutable ``Settings`` snapshot, when dsv4ops first needs them;
+``reload()`` reads them again and drops every cached dispatch decision (call it after changing
+``os.environ`` in-process; tests do). Reading the environment on every call would cost more than
+the rest of a dispatch (about 0.7 µs per variable).
+"""
+from __future__ import annotations
+
 import os
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import ConfigError
+
+VARIABLES = {
+    "DSV4OPS_BACKEND": "backend choice: 'name', or 'op=a|b,*=c' (docs/api-changes.md)",
+    "DSV4OPS_PLATFORM": "simulate a platform, 'vendor:arch' (e.g. cuda:sm100), for explain and tests",
+    "DSV4OPS_DEBUG": "1/true/yes/on: value checks on accelerator tensors too (0/false/no/off: not)",
+    "DSV4OPS_TRITON_TUNING": "Triton tunables over the platform's table, 'decode_block_h=64,...'",
+    "DSV4OPS_VERIFY": "re-run a sampled fraction of calls on the reference (docs/verify.md)",
+}
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Settings:
+    backend: str = ""
+    platform: str = ""
+    debug: bool = False
+    triton_tuning: str = ""
+    verify: str = ""
+
+
+def parse_flag(name: str, value: str) -> bool:
+    value = value.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigError(f"{name}={value!r}: expected one of {', '.join(v for v in _TRUE + _FALSE if v)}")
+
+
+def read_environment() -> Settings:
+    """The snapshot of ``os.environ`` (raises ConfigError for a malformed flag)."""
+    env = os.environ
+    return Settings(
+        backend=env.get("DSV4OPS_BACKEND", "").strip(),
+        platform=env.get("DSV4OPS_PLATFORM", "").strip(),
+        debug=parse_flag("DSV4OPS_DEBUG", env.get("DSV4OPS_DEBUG", "")),
+        triton_tuning=env.get("DSV4OPS_TRITON_TUNING", "").strip(),
+        verify=env.get("DSV4OPS_VERIFY", "").strip(),
+    )
+
+
+_current: Settings | None = None
+_lock = threading.Lock()
+_listeners: list[Callable[[], None]] = []
+
+
+def current() -> Settings:
+    """The snapshot in force (read from the environment on first use)."""
+    return _current if _current is not None else reload()
+
+
+def reload() -> Settings:
+    """Read the environment again; cached decisions made under the old snapshot are dropped."""
+    global _current
+    snapshot = read_environment()
+    with _lock:
+        _current = snapshot
+    for listener in _listeners:
+        listener()
+    return snapshot
+
+
+def on_reload(listener: Callable[[], None]) -> None:
+    _listeners.append(listener)
 
 
 def debug_enabled() -> bool:
-    """``DSV4OPS_DEBUG=1``: run value checks (index ranges, lengths) on accelerator tensors too."""
-    return os.environ.get("DSV4OPS_DEBUG", "") not in ("", "0")
+    """``DSV4OPS_DEBUG``: run value checks (index ranges, lengths) on accelerator tensors too."""
+    return current().debug

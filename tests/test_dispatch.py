@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dsv4ops
-from dsv4ops import registry, selection
+from dsv4ops import registry, selection, settings
 from dsv4ops.backend_support import arch_in
 from dsv4ops.conformance import inputs
 from dsv4ops.registry import Backend, register_backend, unregister_backend
@@ -52,30 +52,30 @@ def test_priority_then_capability(fakes):
     assert "slow (by priority)" in str(d)
 
 
-def test_argument_beats_env_beats_priority(fakes, monkeypatch):
+def test_argument_beats_env_beats_priority(env, fakes, monkeypatch):
     kw = topk_args()
-    monkeypatch.setenv("DSV4OPS_BACKEND", "indexer_topk=slow")
+    env(DSV4OPS_BACKEND="indexer_topk=slow")
     dsv4ops.indexer_topk(**kw)
     assert fakes[-1] == "slow"
     dsv4ops.indexer_topk(**kw, backend="fast")
     assert fakes[-1] == "fast"
-    monkeypatch.setenv("DSV4OPS_BACKEND", "sparse_mla_decode=reference,*=slow")
+    env(DSV4OPS_BACKEND="sparse_mla_decode=reference,*=slow")
     dsv4ops.indexer_topk(**kw)
     assert fakes[-1] == "slow"
-    monkeypatch.setenv("DSV4OPS_BACKEND", "reference")
+    env(DSV4OPS_BACKEND="reference")
     n = len(fakes)
     dsv4ops.indexer_topk(**kw)
     assert len(fakes) == n                             # global pin to reference
 
 
-def test_forced_backend_never_falls_back(fakes, monkeypatch):
+def test_forced_backend_never_falls_back(env, fakes, monkeypatch):
     kw = {**topk_args(), "k": 32}
     with pytest.raises(dsv4ops.UnsupportedError, match="fast: k=32 > 16"):
         dsv4ops.indexer_topk(**kw, backend="fast")
-    monkeypatch.setenv("DSV4OPS_BACKEND", "indexer_topk=fast")
+    env(DSV4OPS_BACKEND="indexer_topk=fast")
     with pytest.raises(dsv4ops.UnsupportedError, match="forced by DSV4OPS_BACKEND"):
         dsv4ops.indexer_topk(**kw)
-    monkeypatch.setenv("DSV4OPS_BACKEND", "indexer_topk=fast|slow")   # an explicit fallback list
+    env(DSV4OPS_BACKEND="indexer_topk=fast|slow")   # an explicit fallback list
     dsv4ops.indexer_topk(**kw)
     assert fakes[-1] == "slow"
     with pytest.raises(dsv4ops.UnsupportedError, match="no such backend"):
@@ -86,8 +86,8 @@ def test_forced_backend_never_falls_back(fakes, monkeypatch):
     ("indexer_topk=", "indexer_topk="), ("nonsense_op=triton", "nonsense_op"), ("*=nope", "nope"),
     ("indexer_topk=reference,indexer_topk=triton", "given twice"), ("a=b=c", "a=b=c"),
 ])
-def test_malformed_env_is_config_error(monkeypatch, value, bad):
-    monkeypatch.setenv("DSV4OPS_BACKEND", value)
+def test_malformed_env_is_config_error(env, monkeypatch, value, bad):
+    env(DSV4OPS_BACKEND=value)
     with pytest.raises(dsv4ops.ConfigError, match=bad.replace("*", r"\*").replace("|", r"\|")):
         dsv4ops.indexer_topk(**topk_args())
 
@@ -98,6 +98,7 @@ def test_env_parsing():
     assert not table["sparse_mla_decode"].strict and table["*"].strict
     assert selection.parse_backend_env("triton")["*"].backends == ("triton",)
     assert selection.parse_backend_env("") == {}
+    assert selection.parse_backend_env("reference,")["*"].backends == ("reference",)   # trailing comma
 
 
 def test_simulated_platform_explain(fakes):
@@ -113,10 +114,10 @@ def test_simulated_platform_explain(fakes):
         assert {c.backend: c.status for c in d.candidates}["fast"].startswith("platform rocm not supported")
 
 
-def test_platform_env_simulation(monkeypatch):
-    monkeypatch.setenv("DSV4OPS_PLATFORM", "xpu:xpu")
+def test_platform_env_simulation(env, monkeypatch):
+    env(DSV4OPS_PLATFORM="xpu:xpu")
     assert dsv4ops.platform().vendor == "xpu"
-    monkeypatch.setenv("DSV4OPS_PLATFORM", "tpu")
+    env(DSV4OPS_PLATFORM="tpu")
     with pytest.raises(dsv4ops.ConfigError):
         dsv4ops.platform()
 
@@ -144,11 +145,11 @@ def test_decisions_are_cached_and_thread_safe(fakes):
     for t in threads:
         t.join()
     assert not errors and set(fakes) == {"fast"}
-    keys = [k for k in selection._cache if k[0].name == "indexer_topk"]
+    keys = [k for k in selection._decisions if k[0] == "indexer_topk"]
     assert len(keys) == 1
     dsv4ops.indexer_topk(**{**kw, "logits": torch.randn(7, 64), "row_starts": torch.zeros(7, dtype=torch.int32),
                             "row_ends": torch.full((7,), 64, dtype=torch.int32)})
-    assert len([k for k in selection._cache if k[0].name == "indexer_topk"]) == 2   # one entry per fingerprint
+    assert len([k for k in selection._decisions if k[0] == "indexer_topk"]) == 2   # one entry per structure
     assert fakes[-1] == "fast"                                                      # the same decision
 
 
@@ -172,11 +173,11 @@ def test_import_loads_no_vendor_library():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_fast_path_skips_validation_only_for_known_structures(fakes, monkeypatch):
-    """On accelerators a fingerprint seen before skips validation and selection; anything new
-    (shape, dtype, backend setting) goes through both again."""
+def test_fast_path_skips_validation_only_for_known_structures(env, fakes, monkeypatch):
+    """On accelerators a structure seen before skips validation and selection; anything new
+    (shape, dtype, a scalar's type, backend setting) goes through both again."""
     from dsv4ops.ops import OPS
-    monkeypatch.setattr(selection, "_Chosen", _AcceleratorChosen)   # treat the CPU tensors as device tensors
+    monkeypatch.setattr(selection, "skips_validation", lambda device: not settings.current().debug)  # CPU as a GPU
     validated = []
     real = OPS["indexer_topk"].validate
     monkeypatch.setattr(OPS["indexer_topk"], "validate", lambda args: validated.append(1) or real(args))
@@ -186,21 +187,58 @@ def test_fast_path_skips_validation_only_for_known_structures(fakes, monkeypatch
     assert len(validated) == 1 and fakes == ["fast"] * 3
     dsv4ops.indexer_topk(**{**kw, "k": 32})                     # new structure: validated, other backend
     assert len(validated) == 2 and fakes[-1] == "slow"
-    monkeypatch.setenv("DSV4OPS_BACKEND", "reference")
+    with pytest.raises(dsv4ops.InputError, match="'k'"):
+        dsv4ops.indexer_topk(**{**kw, "k": 8.0})                # equal to a validated 8, but a float
+    with pytest.raises(dsv4ops.InputError, match="'next_n'"):
+        dsv4ops.indexer_topk(**{**kw, "next_n": [1]})           # unhashable: validated, not a TypeError
+    assert len(validated) == 4
+    env(DSV4OPS_BACKEND="reference")
     dsv4ops.indexer_topk(**kw)
-    assert len(validated) == 3 and fakes[-1] == "slow"           # reference ran: no fake call recorded
+    assert len(validated) == 5 and fakes[-1] == "slow"           # reference ran: no fake call recorded
     with pytest.raises(dsv4ops.InputError):
         dsv4ops.indexer_topk(**{**kw, "logits": kw["logits"].double()})
-    monkeypatch.setenv("DSV4OPS_DEBUG", "1")
+    env(DSV4OPS_DEBUG="1")
     dsv4ops.indexer_topk(**kw)
-    assert len(validated) == 5                                   # debug: always validated
+    dsv4ops.indexer_topk(**kw)
+    assert len(validated) == 8                                   # debug: always validated
 
 
-class _AcceleratorChosen(selection._Chosen):
-    """A cached choice that, like one for accelerator tensors, skips validation on a hit."""
+def test_settings_are_a_snapshot(monkeypatch, fakes):
+    """The environment is read once; reload() re-reads it and drops cached decisions."""
+    kw = topk_args()
+    dsv4ops.indexer_topk(**kw)
+    monkeypatch.setenv("DSV4OPS_BACKEND", "indexer_topk=slow")
+    dsv4ops.indexer_topk(**kw)
+    assert fakes == ["fast", "fast"]
+    settings.reload()
+    dsv4ops.indexer_topk(**kw)
+    assert fakes[-1] == "slow"
 
-    def __init__(self, fn, device, normalized, value_checked):
-        super().__init__(fn, device, normalized, False)
+
+@pytest.mark.parametrize("name,value", [("DSV4OPS_DEBUG", "maybe"), ("DSV4OPS_DEBUG", "2")])
+def test_malformed_flag_is_config_error(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(dsv4ops.ConfigError, match=name):
+        settings.reload()
+
+
+@pytest.mark.parametrize("value,on", [("0", False), ("false", False), ("off", False), ("1", True), ("Yes", True)])
+def test_debug_flag_values(env, value, on):
+    env(DSV4OPS_DEBUG=value)
+    assert settings.debug_enabled() is on
+
+
+@pytest.mark.parametrize("value", ["cuda:bogus", "rocm:sm90", "cuda:", "tpu:v5"])
+def test_bad_simulated_platform(env, value):
+    env(DSV4OPS_PLATFORM=value)
+    with pytest.raises(dsv4ops.ConfigError, match="DSV4OPS_PLATFORM"):
+        dsv4ops.platform()
+
+
+def test_malformed_backend_env_is_an_error_even_with_backend_argument(env):
+    env(DSV4OPS_BACKEND="*=nope")
+    with pytest.raises(dsv4ops.ConfigError, match="nope"):
+        dsv4ops.indexer_topk(**topk_args(), backend="reference")
 
 
 def test_capability_checks_see_only_the_dispatch_key():
@@ -259,3 +297,16 @@ def test_rocm_arch_tags():
 def test_sm_major():
     from dsv4ops.backend_support import sm_major
     assert [sm_major(a) for a in ("sm90", "sm100", "sm121", "gfx942")] == [9, 10, 12, 0]
+
+
+@pytest.mark.parametrize("value,why", [("decode_block_h=0", "power of two, at least 16"),
+                                       ("decode_block_k=24", "power of two"), ("topk_warps=64", "1 to 32"),
+                                       ("decode_stages=0", "at least 1"), ("nope=4", "bad entry"),
+                                       ("decode_block_h=", "bad entry")])
+def test_bad_triton_tuning_is_config_error(env, value, why):
+    from dsv4ops.backends.triton.tuning import tuning
+    env(DSV4OPS_TRITON_TUNING=value)
+    with pytest.raises(dsv4ops.ConfigError, match=why):
+        tuning(dsv4ops.platform("cpu"))
+    env(DSV4OPS_TRITON_TUNING="decode_block_h=32,topk_warps=4")
+    assert tuning(dsv4ops.platform("cpu")).decode_block_h == 32

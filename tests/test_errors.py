@@ -157,9 +157,9 @@ def test_input_error_is_value_error():
     assert issubclass(dsv4ops.InputError, ValueError)
 
 
-def test_value_checks_skipped_on_gpu_without_debug(monkeypatch):
+def test_value_checks_skipped_on_gpu_without_debug(env, monkeypatch):
     from dsv4ops.checker import Checker
-    monkeypatch.setenv("DSV4OPS_DEBUG", "1")
+    env(DSV4OPS_DEBUG="1")
     assert Checker("x").debug
-    monkeypatch.setenv("DSV4OPS_DEBUG", "0")
+    env(DSV4OPS_DEBUG="0")
     assert not Checker("x").debug

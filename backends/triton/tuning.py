@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from dataclasses import dataclass
 
-
+from dsv4ops import settings
+from dsv4ops.errors import ConfigError
 from dsv4ops.platform import Platform
 
 
@@ -62,7 +62,22 @@ def tuning(plat: Platform) -> Tuning:
     """The platform's tunables, with ``DSV4OPS_TRITON_TUNING="decode_block_h=64,..."`` applied on top
     (for sweeps and for users tuning a new target)."""
     base = _TABLE.get(plat.key) or _TABLE.get((plat.vendor, None)) or Tuning()
-    return _override(base, os.environ.get("DSV4OPS_TRITON_TUNING", ""))
+    return _override(base, settings.current().triton_tuning)
+
+
+def _allowed(name: str, value: int) -> str | None:
+    """Why ``value`` cannot be tunable ``name`` (None if it can): block sizes are powers of two
+    (``tl.arange``), at least 16 where they feed ``tl.dot``; warps 1-32, a power of two."""
+    power_of_two = value > 0 and not value & (value - 1)
+    if name.endswith("_warps"):
+        return None if power_of_two and value <= 32 else "a power of two from 1 to 32"
+    if name.endswith(("_stages", "_waves")):
+        return None if value >= 1 else "at least 1"
+    minimum = 16 if name in _DOT_OPERANDS else 1
+    return None if power_of_two and value >= minimum else f"a power of two, at least {minimum}"
+
+
+_DOT_OPERANDS = ("decode_block_h", "decode_block_k", "einsum_block_m", "einsum_block_n")
 
 
 @functools.lru_cache(maxsize=32)
@@ -72,9 +87,12 @@ def _override(base: Tuning, spec: str) -> Tuning:
     fields = {f.name for f in dataclasses.fields(Tuning)}
     changes = {}
     for item in spec.split(","):
-        name, _, value = item.partition("=")
-        if name.strip() not in fields or not value.strip().isdigit():
-            from dsv4ops.errors import ConfigError
-            raise ConfigError(f"DSV4OPS_TRITON_TUNING: bad entry {item!r}; fields are {sorted(fields)}")
-        changes[name.strip()] = int(value)
+        name, _, value = (part.strip() for part in item.partition("="))
+        if name not in fields or not value.isdigit():
+            raise ConfigError(f"DSV4OPS_TRITON_TUNING: bad entry {item!r}; expected name=integer with a name "
+                              f"from {sorted(fields)}")
+        why = _allowed(name, int(value))
+        if why is not None:
+            raise ConfigError(f"DSV4OPS_TRITON_TUNING: {name}={value} must be {why}")
+        changes[name] = int(value)
     return dataclasses.replace(base, **changes)

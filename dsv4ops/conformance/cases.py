@@ -164,6 +164,7 @@ def _einsum(tier):
     op = "fp8_einsum"
     if tier == "quick":
         yield make_case(op, tier, B=0, H=2, D=128, R=256)
+        yield make_case(op, tier, B=3, H=2, D=128, R=0)                                   # empty sum: exact 0
         yield make_case(op, tier, B=5, H=2, D=128, R=512)
         yield make_case(op, tier, B=3, H=3, D=256, R=256, group_major=True, out=True)
         yield make_case(op, tier, B=4, H=1, D=128, R=384, out_dtype=torch.float32)
@@ -178,6 +179,7 @@ def _topk(tier):
     op = "indexer_topk"
     if tier == "quick":
         yield make_case(op, tier, R=0, W=64, k=16)
+        yield make_case(op, tier, R=4, W=0, k=16, mode="decode2d", next_n=2)                # no column: all -1
         for mode, data in itertools.product(("ranges", "decode1d", "decode2d"), ("random", "ties", "neg_inf")):
             yield make_case(op, tier, R=6, W=300, k=64, mode=mode, next_n=2 if mode != "ranges" else 1, data=data,
                         out=data == "ties")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 import dsv4ops
-from dsv4ops import formats
+from dsv4ops import formats, settings
 from dsv4ops.conformance.compare import calc_diff
 from dsv4ops.conformance.inputs import cos_sin_cache
 from dsv4ops.platform import default_device
@@ -115,16 +115,19 @@ def inverse_rope_quant(o: torch.Tensor, layer: Layer) -> tuple[torch.Tensor, tor
 
 @contextlib.contextmanager
 def backend_setting(setting: str):
-    """``"auto"`` clears DSV4OPS_BACKEND; anything else is used as its value."""
+    """``"auto"`` clears DSV4OPS_BACKEND; anything else is used as its value (the settings are
+    re-read on entry and exit: dsv4ops reads the environment once, not per call)."""
     old = os.environ.pop("DSV4OPS_BACKEND", None)
     if setting != "auto":
         os.environ["DSV4OPS_BACKEND"] = setting
+    settings.reload()
     try:
         yield
     finally:
         os.environ.pop("DSV4OPS_BACKEND", None)
         if old is not None:
             os.environ["DSV4OPS_BACKEND"] = old
+        settings.reload()
 
 
 def run_step(layer: Layer, setting: str = "auto", fresh_cache: bool = True) -> dict[str, torch.Tensor]:
