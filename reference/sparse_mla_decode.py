@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from dsv4ops import formats
+from dsv4ops.workspace import selected_mask
 
 
 def gather_selected(cache, layout, block_size, indices, lens, kv_scale):
@@ -13,10 +14,7 @@ def gather_selected(cache, layout, block_size, indices, lens, kv_scale):
     An entry is selected when its index is not -1 and its position is below the row's length.
     Unselected entries are zeroed (the rows they point at may hold NaN).
     """
-    topk = indices.shape[1]
-    valid = indices != -1
-    if lens is not None:
-        valid &= torch.arange(topk, device=indices.device) < lens[:, None].to(torch.int64)
+    valid = selected_mask(indices, lens)
     safe = torch.where(valid, indices, torch.zeros_like(indices))
     rows = formats.read_kv(cache, layout, block_size, safe, kv_scale)
     return torch.where(valid[..., None], rows, torch.zeros((), device=rows.device)), valid

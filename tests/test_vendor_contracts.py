@@ -80,6 +80,39 @@ def test_flashinfer_trtllm_table_padding_and_lonely_rows(flashinfer):
     assert all(r.status == "pass" for r in results), [r.message for r in results]
 
 
+@pytest.fixture
+def flashmla(monkeypatch):
+    from fakes import flashmla as fake_flashmla
+    fake_flashmla.install(monkeypatch)
+    backend = registry.get_backend("flashmla")
+    monkeypatch.setattr(backend, "_probed", None)
+    yield backend
+    backend._probed = None
+
+
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_flashmla_prefill_contract(flashmla, arch):
+    """flash_mla_sparse_fwd over the gathered bf16 workspace: both segments in one index list padded
+    to the index tile, heads padded to 64 / 128, lengths as -1 entries, natural-log lse."""
+    ran, results = _run_all("sparse_mla_prefill", "flashmla", arch)
+    assert {r.case.kwargs["layout"] for r in ran} == {"fp8_ds_mla", "bf16"}
+    assert any(r.case.kwargs.get("corner") == "all_invalid" for r in ran)
+    skipped = [r.message for r in results if r.status == "skip"]
+    assert skipped and all("layout fp8_per_tensor" in m for m in skipped)
+
+
+def test_flashmla_prefill_declines_without_sink(monkeypatch, flashmla):
+    """A FlashMLA whose flash_mla_sparse_fwd predates the attention sink (DeepSeek-V3.2 builds)."""
+    from fakes import flashmla as fake_flashmla
+
+    def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512):
+        raise AssertionError("must not be called")
+    fake_flashmla.install(monkeypatch, sparse_fwd=flash_mla_sparse_fwd)
+    case = make_case("sparse_mla_prefill", T=2, H=8, topk=64, layout="fp8_ds_mla")
+    with dsv4ops.simulate_platform("cuda", "sm90"):
+        assert "takes no attn_sink" in run_case(case, "flashmla", "cpu").message
+
+
 def test_flashmla_sm100_topk_tiles():
     """On SM100 FlashMLA walks h128 index lists in tiles of 128: a 64-wide list is declined there."""
     from dsv4ops.backends.flashmla import topk_multiple
@@ -340,7 +373,21 @@ def _record_flashinfer(monkeypatch):
     return fake_fi.CALLED, calls
 
 
-RECORDERS = {"aiter": _record_aiter, "flashinfer": _record_flashinfer}
+def _record_flashmla(monkeypatch):
+    from fakes import flashmla as fake_flashmla
+    calls = []
+    fake_flashmla.install(monkeypatch, wrap=_recording(calls))
+    backend = registry.get_backend("flashmla")
+    monkeypatch.setattr(backend, "_probed", None)
+    try:
+        _run_all("sparse_mla_prefill", "flashmla", "sm90")
+        _run_all("sparse_mla_prefill", "flashmla", "sm100")
+    finally:
+        backend._probed = None
+    return fake_flashmla.CALLED, calls
+
+
+RECORDERS = {"aiter": _record_aiter, "flashinfer": _record_flashinfer, "flashmla": _record_flashmla}
 
 
 def _bind_all(calls, signature_of):
@@ -366,7 +413,8 @@ def _real_function(path):
 
 
 @pytest.mark.parametrize("vendor, module, dist", [("aiter", "aiter", "amd-aiter"),
-                                                 ("flashinfer", "flashinfer", "flashinfer-python")])
+                                                 ("flashinfer", "flashinfer", "flashinfer-python"),
+                                                 ("flashmla", "flash_mla", "tokenspeed-flashmla")])
 def test_adapter_calls_bind_to_installed_signatures(monkeypatch, vendor, module, dist):
     """Where the vendor package is installed: the same recorded calls bind to the real functions, and
     the fakes' parameter lists equal the real ones (so the CI run above stays meaningful)."""
@@ -376,8 +424,8 @@ def test_adapter_calls_bind_to_installed_signatures(monkeypatch, vendor, module,
         pytest.skip(f"{dist} is not importable here ({type(exc).__name__}: {str(exc)[:100]}); "
                     "the drift check runs where it installs")
     real = {}
-    from fakes import aiter as fake_aiter, flashinfer as fake_fi
-    fakes = fake_aiter.CALLED if vendor == "aiter" else fake_fi.CALLED
+    from fakes import aiter as fake_aiter, flashinfer as fake_fi, flashmla as fake_flashmla
+    fakes = {"aiter": fake_aiter, "flashinfer": fake_fi, "flashmla": fake_flashmla}[vendor].CALLED
     for path in fakes:
         try:
             real[path] = inspect.signature(_real_function(path))

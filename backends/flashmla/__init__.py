@@ -1,5 +1,9 @@
-"""FlashMLA (``flash_mla``): sparse MODEL1 decode on SM90 / SM100."""
+"""FlashMLA (``flash_mla``): sparse MODEL1 decode and sparse prefill on SM90 / SM100.
+
+Prefill reads a gathered bf16 workspace (built in prefill.py), so it serves the layouts whose
+rows dequantize exactly to bf16: fp8_ds_mla and bf16 (fp8_per_tensor has an fp8 query)."""
 import functools
+import inspect
 
 import torch
 
@@ -10,7 +14,7 @@ from dsv4ops.registry import Backend, register_backend
 BACKEND = register_backend(Backend(
     "flashmla", ("cuda",),
     probe=import_probe("flash_mla", '"dsv4ops[flashmla]" (tokenspeed-flashmla)', needs=("flash_mla_with_kvcache",)),
-    description="FlashMLA sparse decode (SM90/SM100, fp8_ds_mla cache)",
+    description="FlashMLA sparse decode and prefill (SM90/SM100)",
 ))
 
 
@@ -51,6 +55,22 @@ def build_runs_here(plat: Platform, call) -> str | None:
     return _runs_on(call.device.index if call.device.index is not None else torch.cuda.current_device())
 
 
+def sparse_fwd_available(plat: Platform, call) -> str | None:
+    """flash_mla_sparse_fwd with ``attn_sink`` (the DeepSeek-V4 FlashMLA; V3.2 builds lack it)."""
+    import flash_mla
+
+    fn = getattr(flash_mla, "flash_mla_sparse_fwd", None)
+    if fn is None:
+        return "this flash_mla has no flash_mla_sparse_fwd"
+    if "attn_sink" not in inspect.signature(fn).parameters:
+        return "this flash_mla's flash_mla_sparse_fwd takes no attn_sink (a FlashMLA before DeepSeek-V4)"
+    return None
+
+
+BACKEND.implements(
+    "sparse_mla_prefill", "dsv4ops.backends.flashmla.prefill:sparse_mla_prefill",
+    supports=all_of(arch_in("sm90", "sm100", "sm103"), layout_in("fp8_ds_mla", "bf16"), sparse_fwd_available),
+)
 BACKEND.implements(
     "sparse_mla_decode", "dsv4ops.backends.flashmla.decode:sparse_mla_decode",
     supports=all_of(arch_in("sm90", "sm100", "sm103"), layout_in("fp8_ds_mla"), topk_multiple, build_runs_here),

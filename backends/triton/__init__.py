@@ -1,4 +1,6 @@
 """Portable Triton kernels for all five ops (CUDA, ROCm, XPU; the CPU through TRITON_INTERPRET=1)."""
+import torch
+
 from dsv4ops.backend_support import all_of, import_probe, triton_interpreter_enabled
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
@@ -32,10 +34,15 @@ def runs_here(plat: Platform, call) -> str | None:
 
 
 def fp8_flavour_matches(plat: Platform, call) -> str | None:
-    """FNUZ e4m3 exists on gfx942 only; OCP e4m3 everywhere else (ROCm gfx950 included)."""
-    layout = call.get("layout")
-    if layout is not None and layout.fp8_flavour == "fnuz" and plat.vendor in ("cuda", "xpu"):
-        return f"layout {layout} (FNUZ fp8) is not supported on {plat.vendor}"
+    """FNUZ e4m3 (a layout's, or float8_e4m3fnuz inputs) exists on gfx942 only; OCP e4m3 everywhere
+    else (ROCm gfx950 included)."""
+    layout, q = call.get("layout"), call.get("q")
+    if layout is not None:
+        fnuz, what = layout.fp8_flavour == "fnuz", f"layout {layout}"
+    else:
+        fnuz, what = q is not None and q.dtype == torch.float8_e4m3fnuz, "float8_e4m3fnuz inputs"
+    if fnuz and plat.vendor in ("cuda", "xpu"):
+        return f"{what} (FNUZ fp8) is not supported on {plat.vendor}"
     return None
 
 
@@ -52,6 +59,8 @@ def next_n_power_of_two(plat: Platform, call) -> str | None:
     next_n = call.q.shape[1]
     if next_n & (next_n - 1):
         return f"next_n={next_n} is not a power of two"
+BACKEND.implements("compress_kv_insert", f"{_P}.compress_kv_insert:compress_kv_insert", supports=runs_here)
+BACKEND.implements("mqa_logits", f"{_P}.mqa_logits:mqa_logits", supports=all_of(runs_here, fp8_flavour_matches))
     return None
 
 

@@ -200,6 +200,30 @@ def _inv_rope(tier):
     if tier == "quick":
         yield make_case(op, tier, T=0, H=8, n_groups=1)
         yield make_case(op, tier, T=5, H=16, n_groups=2)
+def _mqa_logits(tier):
+    op = "mqa_logits"
+    if tier == "quick":
+        yield make_case(op, tier, T=0, S=16, H=4)
+        yield make_case(op, tier, T=3, S=0, H=4, clean=True)
+        for ranges, clean in itertools.product(("causal", "requests", "random"), (False, True)):
+            yield make_case(op, tier, T=9, S=40, H=8, ranges=ranges, clean=clean, scale_fmt="ue8m0" if clean else "fp32",
+                            out=ranges == "random")
+        yield make_case(op, tier, T=4, S=48, H=INDEX_HEADS, ranges="causal", clean=True)
+        yield make_case(op, tier, T=8, S=40, H=8, ranges="random", corner="empty", clean=True)
+        yield make_case(op, tier, T=6, S=33, H=5, corner="full")
+        yield make_case(op, tier, T=5, S=24, H=8, flavour="fnuz", clean=True)
+        yield make_case(op, tier, T=16, S=96, H=8, ranges="requests", topk=16)          # -> indexer_topk
+        return
+    yield make_case(op, tier, T=4096, S=32768, H=INDEX_HEADS, ranges="causal")            # the bench shape
+    yield make_case(op, tier, T=8192, S=65536, H=INDEX_HEADS, ranges="causal", scale_fmt="ue8m0")
+    yield make_case(op, tier, T=8192, S=65536, H=INDEX_HEADS, ranges="requests")
+    yield make_case(op, tier, T=8192, S=2048, H=INDEX_HEADS, ranges="causal", clean=True)   # S = T / 4: zero-length rows
+    yield make_case(op, tier, T=2048, S=16384, H=INDEX_HEADS, ranges="random", corner="empty", clean=True)
+    yield make_case(op, tier, T=1000, S=7777, H=INDEX_HEADS, ranges="requests", clean=True, out=True)
+    for k in INDEX_TOPK.values():
+        yield make_case(op, tier, T=4096, S=16384, H=INDEX_HEADS, ranges="requests", topk=k)
+
+
         yield make_case(op, tier, T=3, H=6, n_groups=3, head_stride=8, corner="zero_head")
         yield make_case(op, tier, T=4, H=8, n_groups=8)
         return
@@ -224,6 +248,7 @@ TIERS = ("quick", "full")
 
 
 def cases(op: str, tier: str = "quick") -> list[Case]:
+    "mqa_logits": _mqa_logits,
     if op not in OP_NAMES:
         raise ValueError(f"unknown op {op!r}")
     if tier not in TIERS:
@@ -246,3 +271,4 @@ def typical_case(op: str) -> Case:
         "indexer_topk": make_case("indexer_topk", "quick", R=4, W=1024, k=512, mode="decode2d"),
         "inv_rope_fp8_quant": make_case("inv_rope_fp8_quant", "quick", T=4, H=64, n_groups=8),
     }[op]
+        "mqa_logits": make_case("mqa_logits", "quick", T=64, S=256, H=INDEX_HEADS),

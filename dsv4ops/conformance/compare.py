@@ -148,6 +148,36 @@ def _abs_index_cache(cache: torch.Tensor) -> torch.Tensor:
     return flat.view(cache.shape)
 
 
+def _fp8_abs(t: torch.Tensor) -> torch.Tensor:
+    """fp8 values with their sign bits cleared (the magnitudes, same dtype)."""
+    return t.view(torch.uint8).bitwise_and(0x7F).view(t.dtype)
+
+
+def _indexer_logits(c: _Collector, ref_result, got_result, magnitude, clean: bool, outside: str):
+    """The weighted-ReLU logits rule shared by paged_mqa_logits and mqa_logits (docs/ops.md §3):
+    on the valid region (reference finite) all finite, calc_diff < 1e-6 and |d| <= 1e-4 * magnitude;
+    ``magnitude()`` gives sum_h |w_h| sum_d |q_hd| |k_d| per element. Returns that magnitude (None
+    if not needed)."""
+    if got_result.shape != ref_result.shape or got_result.dtype != torch.float32:
+        c.require(False, f"expected fp32 {list(ref_result.shape)}, got {got_result.dtype} {list(got_result.shape)}")
+        return None
+    valid = ref_result != float("-inf")
+    g, r = got_result[valid], ref_result[valid]
+    c.require(bool(g.isfinite().all()), "non-finite logits inside the valid region")
+    if r.numel():
+    mag = None
+        diff = calc_diff(g, r)
+        c.err(diff / 1e-6)
+        c.require(diff < 1e-6, f"calc_diff {diff:.3g} >= 1e-6")
+        mag = magnitude()
+        err = (g - r).abs() / (1e-4 * mag[valid] + 1e-30)
+        c.err(float(err.max()))
+        c.require(bool((err <= 1).all()), f"{int((err > 1).sum())} logits off by more than 1e-4 of sum |w||q||k|")
+    if clean:
+        c.require(bool((got_result[~valid] == float("-inf")).all()), f"clean=True: {outside} must be -inf")
+    return mag
+
+
 def paged_mqa_logits(case, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     """Valid region: calc_diff < 1e-6, and elementwise |d| <= 1e-4 * sum_h |w_h| sum_d |q_hd| |k_d|.
 
@@ -158,24 +188,32 @@ def paged_mqa_logits(case, ref_kwargs, ref_result, got_kwargs, got_result) -> Ve
     from .. import reference
 
     c = _Collector()
-    if got_result.shape != ref_result.shape or got_result.dtype != torch.float32:
-        c.require(False, f"expected fp32 {list(ref_result.shape)}, got {got_result.dtype} {list(got_result.shape)}")
-        return c.verdict()
-    valid = ref_result != float("-inf")
-    g, r = got_result[valid], ref_result[valid]
-    c.require(bool(g.isfinite().all()), "non-finite logits inside the valid region")
-    if r.numel():
-        diff = calc_diff(g, r)
-        c.err(diff / 1e-6)
-        c.require(diff < 1e-6, f"calc_diff {diff:.3g} >= 1e-6")
-        q_abs = ref_kwargs["q"].view(torch.uint8).bitwise_and(0x7F).view(torch.float8_e4m3fn)
-        magnitude = reference.paged_mqa_logits(**{**ref_kwargs, "q": q_abs, "kv_cache": _abs_index_cache(ref_kwargs["kv_cache"]),
-                                                  "weights": ref_kwargs["weights"].abs(), "out": None})
-        err = (g - r).abs() / (1e-4 * magnitude[valid] + 1e-30)
-        c.err(float(err.max()))
-        c.require(bool((err <= 1).all()), f"{int((err > 1).sum())} logits off by more than 1e-4 of sum |w||q||k|")
-    if ref_kwargs["clean"]:
-        c.require(bool((got_result[~valid] == float("-inf")).all()), "clean=True: columns past the length must be -inf")
+    magnitude = lambda: reference.paged_mqa_logits(**{
+        **ref_kwargs, "q": _fp8_abs(ref_kwargs["q"]), "kv_cache": _abs_index_cache(ref_kwargs["kv_cache"]),
+        "weights": ref_kwargs["weights"].abs(), "out": None})
+    _indexer_logits(c, ref_result, got_result, magnitude, ref_kwargs["clean"], "columns past the length")
+    return c.verdict()
+
+
+def mqa_logits(case, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
+    """The paged_mqa_logits rule on [ks, ke); clean=True: -inf exactly outside. Cases with ``topk``
+    also run indexer_topk (ranges mode, the backend dispatch picks) on the logits and judge the
+    selection against the reference logits, allowing swaps of logits within their two error bounds."""
+    from .. import reference
+
+    c = _Collector()
+    kw = ref_kwargs
+    magnitude = lambda: reference.mqa_logits(_fp8_abs(kw["q"]), _fp8_abs(kw["k"]), kw["k_scale"].abs(),
+                                             kw["weights"].abs(), kw["ks"], kw["ke"])
+    mag = _indexer_logits(c, ref_result, got_result, magnitude, kw["clean"], "columns outside [ks, ke)")
+    k = case.kwargs.get("topk") if case is not None else None
+    if k and not c.failures:
+        import dsv4ops
+
+        picked = dsv4ops.indexer_topk(got_result, k, row_starts=kw["ks"], row_ends=kw["ke"])
+        slack = torch.zeros_like(ref_result) if mag is None else 1e-4 * mag
+        _topk_selection(c, ref_result, k, kw["ks"].to(torch.int64), kw["ke"].to(torch.int64), picked, slack,
+                        "indexer_topk(mqa_logits)")
     return c.verdict()
 
 
@@ -212,41 +250,48 @@ def indexer_topk(case, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdic
     """Sets, not order: each row holds min(k, n) distinct valid row-local columns, then -1; any
     difference from the reference's set must be a tie (min(selected) >= max(unselected valid))."""
     c = _Collector()
-    if got_result.shape != ref_result.shape or got_result.dtype != torch.int32:
-        c.require(False, f"expected int32 {list(ref_result.shape)}, got {got_result.dtype} {list(got_result.shape)}")
-        return c.verdict()
-    logits, k = ref_kwargs["logits"].cpu(), ref_kwargs["k"]
-    got = got_result.cpu().to(torch.int64)
-    R, W = logits.shape
-    if R == 0:
-        return c.verdict()
     starts, ends = row_bounds(ref_kwargs.get("row_starts"), ref_kwargs.get("row_ends"), ref_kwargs.get("seq_lens"),
                               ref_kwargs.get("next_n", 1))
     starts, ends = starts.cpu(), ends.cpu()
+    _topk_selection(c, ref_kwargs["logits"], ref_kwargs["k"], starts, ends, got_result, None, "indices")
+    return c.verdict()
+
+
+def _topk_selection(c: _Collector, logits, k, starts, ends, got_result, slack, name):
+    """``got_result`` is a top-k of ``logits`` rows [starts, ends): min(k, n) distinct row-local
+    indices then -1, and no unselected valid logit above a selected one by more than their ``slack``
+    (the logits' own error bounds; None: exact ties only)."""
+    R, W = logits.shape
+    if tuple(got_result.shape) != (R, k) or got_result.dtype != torch.int32:
+        c.require(False, f"{name}: expected int32 {[R, k]}, got {got_result.dtype} {list(got_result.shape)}")
+        return
+    if R == 0:
+        return
+    logits, got = logits.cpu().to(torch.float64), got_result.cpu().to(torch.int64)
     n = (ends - starts).clamp_min(0)
     m = n.clamp(max=k)
     pos = torch.arange(k)
     in_prefix = pos[None, :] < m[:, None]
     prefix_ok = torch.where(in_prefix, (got >= 0) & (got < n[:, None]), got == -1)
     bad_rows = (~prefix_ok).any(1)
-    c.require(not bool(bad_rows.any()), f"{int(bad_rows.sum())} rows are not min(k, n) valid row-local "
+    c.require(not bool(bad_rows.any()), f"{name}: {int(bad_rows.sum())} rows are not min(k, n) valid row-local "
               f"indices followed by -1 (first bad row {int(torch.nonzero(bad_rows)[0]) if bad_rows.any() else -1})")
     if c.failures:
-        return c.verdict()
+        return
     sorted_idx = torch.where(in_prefix, got, W + pos[None, :]).sort(1).values
     dup = (sorted_idx[:, 1:] == sorted_idx[:, :-1]).any(1)
-    c.require(not bool(dup.any()), f"{int(dup.sum())} rows repeat an index")
+    c.require(not bool(dup.any()), f"{name}: {int(dup.sum())} rows repeat an index")
     absolute = torch.where(in_prefix, got + starts[:, None], 0)
     selected = torch.zeros(R, W + 1, dtype=torch.bool).scatter_(1, torch.where(in_prefix, absolute, W), True)[:, :W]
     cols = torch.arange(W)
     valid = (cols >= starts[:, None]) & (cols < ends[:, None])
-    inf = torch.tensor(float("inf"))
-    low = torch.where(selected, logits, inf).amin(1)
-    high = torch.where(valid & ~selected, logits, -inf).amax(1)
+    slack = 0.0 if slack is None else slack.cpu().to(torch.float64)
+    inf = torch.tensor(float("inf"), dtype=torch.float64)
+    low = torch.where(selected, logits + slack, inf).amin(1)
+    high = torch.where(valid & ~selected, logits - slack, -inf).amax(1)
     wrong = low < high
-    c.require(not bool(wrong.any()), f"{int(wrong.sum())} rows miss a larger logit (not a tie), first row "
+    c.require(not bool(wrong.any()), f"{name}: {int(wrong.sum())} rows miss a larger logit (not a tie), first row "
               f"{int(torch.nonzero(wrong)[0]) if wrong.any() else -1}")
-    return c.verdict()
 
 
 def _fp8_blocks_close(c: _Collector, name: str, got: tuple, ref: tuple, block: int):
@@ -290,3 +335,4 @@ RULES = {
     "indexer_topk": indexer_topk,
     "inv_rope_fp8_quant": inv_rope_fp8_quant,
 }
+    "mqa_logits": mqa_logits,

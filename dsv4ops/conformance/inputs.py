@@ -14,10 +14,11 @@ import torch
 from .. import formats
 from ..formats import Layout
 from ..ops._rows import decode_row_ends
-from ..quant import to_fp8, ue8m0_scale
+from ..quant import FP8_MAX, to_fp8, ue8m0_scale
 
 SOFTMAX_SCALE = 512 ** -0.5
 ROPE_THETA = 10000.0
+FP8_NAN = {"ocp": 0x7F, "fnuz": 0x80}            # an e4m3 NaN byte
 
 
 def _randn(gen, *shape):
@@ -250,6 +251,51 @@ def inv_rope_fp8_quant(device, gen, *, T, H, n_groups, max_pos=4096, head_stride
     return _to(kwargs, device)
 
 
+# ---------------------------------------------------------------------------------------------
+def key_ranges(gen, T: int, S: int, ranges: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 ``ks``, ``ke`` [T] of mqa_logits: ``causal`` (one request, row t sees ``(t + 1) * S // T``
+    keys, the V4 compressed-prefix rule with ratio T / S), ``requests`` (four requests, each with its
+    own contiguous key segment and the causal rule inside it) or ``random``."""
+    t = torch.arange(T)
+    if ranges == "causal":
+        return torch.zeros(T, dtype=torch.int64), (t + 1) * S // T
+    if ranges == "requests":
+        n = min(4, T) or 1
+        q_bounds = torch.arange(n + 1) * T // n                 # query rows of request r: [q_bounds[r], q_bounds[r+1])
+        k_bounds = torch.arange(n + 1) * S // n
+        req = torch.bucketize(t, q_bounds[1:], right=True)
+        rows, keys = q_bounds[req + 1] - q_bounds[req], k_bounds[req + 1] - k_bounds[req]
+        return k_bounds[req], k_bounds[req] + (t - q_bounds[req] + 1) * keys // rows
+    ks = _randint(gen, 0, S + 1, (T,))
+    return ks, ks + (torch.rand(T, generator=gen) * (S - ks + 1)).floor().long().clamp(max=S - ks)
+
+
+def mqa_logits(device, gen, *, T, S, H=64, ranges="causal", scale_fmt="fp32", flavour="ocp", clean=False,
+               corner=None, out=False, topk=None):
+    """``topk`` is read by the comparison rule only: it also feeds the logits to indexer_topk (ranges
+    mode) and judges the pair end to end. Keys and scales no row's range covers are NaN (a kernel
+    may read them only for columns it does not return)."""
+    q = to_fp8(_randn(gen, T, H, 128) * 3, flavour)
+    keys = _randn(gen, S, 128) * (0.05 + torch.rand(S, 1, generator=gen))
+    amax = keys.abs().amax(-1).clamp_min(formats.AMAX_FLOOR)
+    scale = amax / FP8_MAX[flavour] if scale_fmt == "fp32" else ue8m0_scale(amax, flavour)[0]
+    k = to_fp8(keys / scale[:, None], flavour)
+    ks, ke = key_ranges(gen, T, S, ranges)
+    if corner == "empty":                       # ks == ke rows, at several offsets
+        ke[::2] = ks[::2]
+    elif corner == "full":
+        ks[:], ke[:] = 0, S
+    covered = torch.zeros(S + 1, dtype=torch.int64).index_add_(0, ks, torch.ones(T, dtype=torch.int64))
+    covered = (covered.index_add_(0, ke, -torch.ones(T, dtype=torch.int64)).cumsum(0) > 0)[:S]
+    k.view(torch.uint8)[~covered] = FP8_NAN[flavour]
+    scale[~covered] = float("nan")
+    kwargs = dict(q=q, k=k, k_scale=scale, weights=_randn(gen, T, H) * 0.2, ks=ks.to(torch.int32),
+                  ke=ke.to(torch.int32), clean=clean)
+    if out:
+        kwargs["out"] = torch.empty(T, S)
+    return _to(kwargs, device)
+
+
 def _to(kwargs: dict, device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
@@ -261,5 +307,6 @@ BUILDERS = {
     "paged_mqa_logits": paged_mqa_logits,
     "fp8_einsum": fp8_einsum,
     "indexer_topk": indexer_topk,
+    "mqa_logits": mqa_logits,
     "inv_rope_fp8_quant": inv_rope_fp8_quant,
 }

@@ -1,0 +1,77 @@
+"""Fake of the FlashMLA entry point that backends/flashmla/prefill.py calls, written from FlashMLA's
+source (deepseek-ai/FlashMLA commit 02fe0d02e83f15ae5a049cc4acc009a50553e64c:
+``flash_mla/flash_mla_interface.py::flash_mla_sparse_fwd``, and ``tests/ref.py::ref_sparse_attn_fwd``
+at commit a123d0b0191e0da7aa1e044f8644e0989cc63220 for what it computes). The parameter list is the
+release's, copied as a signature only; the body is our plain-PyTorch model:
+
+- invalid entries are ``< 0`` or ``>= s_kv``, and those at or past ``topk_length[i]``;
+- lse is the natural-log log-sum-exp of the valid scores, +inf for a row with none (output 0,
+  max_logits -inf); the sink scales the output by exp(lse) / (exp(lse) + exp(sink)) and changes
+  neither lse nor max_logits;
+- the argument checks the kernel makes: bf16 q / kv, d_qk = d_v = 512, h_q 64 or 128, one KV head,
+  int32 indices ``[s_q, 1, topk]`` with topk a multiple of the kernel's index tile (64; 128 for
+  h_q = 128 on SM100), fp32 sink ``[h_q]``.
+
+The arch (SM90 / SM100) is read from the simulated platform.
+"""
+import sys
+import types
+from typing import Optional, Tuple, Union
+
+import torch
+
+from dsv4ops.platform import current_simulation
+
+from .flashinfer import _attend
+
+
+def flash_mla_sparse_fwd(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    d_v: int = 512,
+    attn_sink: Optional[torch.Tensor] = None,
+    topk_length: Optional[torch.Tensor] = None,
+    indexer_topk: int = 0,
+) -> Union[Tuple[torch.Tensor, torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    s_q, h_q, d_qk = q.shape
+    assert q.dtype == torch.bfloat16 and kv.dtype == torch.bfloat16, (q.dtype, kv.dtype)
+    assert d_qk == 512 and d_v == 512 and h_q in (64, 128), (d_qk, d_v, h_q)
+    assert kv.dim() == 3 and kv.shape[1:] == (1, d_qk), kv.shape
+    assert indices.dtype == torch.int32 and indices.dim() == 3 and indices.shape[:2] == (s_q, 1), indices.shape
+    topk = indices.shape[2]
+    sim = current_simulation()
+    tile = 128 if sim is not None and sim.arch.startswith("sm10") and h_q == 128 else 64
+    assert topk % tile == 0, f"topk {topk} is not a multiple of {tile}"
+    assert attn_sink is None or (attn_sink.dtype == torch.float32 and attn_sink.shape == (h_q,))
+    assert topk_length is None or (topk_length.dtype == torch.int32 and topk_length.shape == (s_q,))
+    assert indexer_topk == 0
+    idx = indices[:, 0].to(torch.int64)
+    valid = (idx >= 0) & (idx < kv.shape[0])
+    if topk_length is not None:
+        valid &= torch.arange(topk)[None, :] < topk_length[:, None]
+    keys = kv[:, 0].float()[torch.where(valid, idx, 0)]
+    out, lse = _attend(q.float(), keys, valid, sm_scale, attn_sink)
+    scores = torch.einsum("thd,tkd->thk", q.float(), torch.where(valid[..., None], keys, 0.0)) * sm_scale
+    max_logits = scores.masked_fill(~valid[:, None, :], float("-inf")).amax(-1)
+    return out.to(torch.bfloat16), max_logits, torch.where(lse == float("-inf"), float("inf"), lse)
+
+
+def flash_mla_with_kvcache(*args, **kwargs):
+    """Present for the backend probe only; decode is not modelled here."""
+    raise AssertionError("the FlashMLA decode fake is not modelled")
+
+
+# The functions the adapters call, by the vendor module path (used by the signature drift test).
+CALLED = {"flash_mla:flash_mla_sparse_fwd": flash_mla_sparse_fwd}
+
+
+def install(monkeypatch, wrap=None, sparse_fwd=None):
+    """Put the fake ``flash_mla`` module in sys.modules; ``wrap(path, fn)`` may wrap each called
+    function; ``sparse_fwd`` replaces flash_mla_sparse_fwd (an older release's signature)."""
+    module = types.ModuleType("flash_mla")
+    fn = sparse_fwd or flash_mla_sparse_fwd
+    module.flash_mla_sparse_fwd = wrap("flash_mla:flash_mla_sparse_fwd", fn) if wrap else fn
+    module.flash_mla_with_kvcache = flash_mla_with_kvcache
+    monkeypatch.setitem(sys.modules, "flash_mla", module)
