@@ -13,6 +13,7 @@ from .errors import ConfigError, Dsv4opsError, InputError, UnsupportedError
 from .ops import inv_rope_fp8_quant
 from .ops import OP_NAMES, OPS, fp8_einsum, indexer_topk, paged_mqa_logits, qnorm_rope_kv_insert, sparse_mla_decode
 from .ops import sparse_mla_prefill
+from .ops import mqa_logits
 from .platform import Platform, platform, simulate_platform
 from .prepared import PreparedOp, prepare
 from .registry import Backend, BackendInfo
@@ -41,7 +42,7 @@ def explain(op_name: str, *args, backend: str | None = None, **kwargs) -> Decisi
 __all__ = [
     "inv_rope_fp8_quant",
     "qnorm_rope_kv_insert", "sparse_mla_decode", "paged_mqa_logits", "fp8_einsum", "indexer_topk",
-    "sparse_mla_prefill",
+    "sparse_mla_prefill", "mqa_logits",
     "dispatch", "explain", "prepare", "PreparedOp", "backends", "platform", "simulate_platform", "formats", "reference",
     "Decision", "Platform", "Layout", "Backend", "BackendInfo", "OP_NAMES",
     "Dsv4opsError", "InputError", "UnsupportedError", "ConfigError",

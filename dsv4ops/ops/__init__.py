@@ -2,12 +2,14 @@
 from . import inv_rope_fp8_quant
 from . import fp8_einsum, indexer_topk, paged_mqa_logits, qnorm_rope_kv_insert, sparse_mla_decode
 from . import sparse_mla_prefill
+from . import mqa_logits
 
 # op name -> its defined Op (spec, typed args, public function, validation)
 OPS = {m.OP.name: m.OP for m in (qnorm_rope_kv_insert, sparse_mla_decode, paged_mqa_logits, fp8_einsum,
                                  indexer_topk)}
 OPS[sparse_mla_prefill.OP.name] = sparse_mla_prefill.OP
 OPS[inv_rope_fp8_quant.OP.name] = inv_rope_fp8_quant.OP
+OPS[mqa_logits.OP.name] = mqa_logits.OP
 OP_NAMES = tuple(OPS)
 
 qnorm_rope_kv_insert = OPS["qnorm_rope_kv_insert"].function
@@ -15,6 +17,7 @@ sparse_mla_decode = OPS["sparse_mla_decode"].function
 paged_mqa_logits = OPS["paged_mqa_logits"].function
 fp8_einsum = OPS["fp8_einsum"].function
 indexer_topk = OPS["indexer_topk"].function
+mqa_logits = OPS["mqa_logits"].function
 inv_rope_fp8_quant = OPS["inv_rope_fp8_quant"].function
 sparse_mla_prefill = OPS["sparse_mla_prefill"].function
 
