@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -332,17 +333,17 @@ def plot(rows: list[Timing], prefix: str) -> list[str]:
 
 
 def main(args) -> int:
+    """``dsv4ops bench``: ``args.ops`` and ``args.backends`` are lists and ``args.json`` an open file
+    (or None), checked by cli.py before anything runs."""
     from .platform import default_device, platform
-    from . import backends as list_backends
 
     device = default_device()
-    names = args.backends.split(",") if args.backends else [b.name for b in list_backends() if b.name != "reference"]
+    names = args.backends
     if args.tiny:
         case_list = [make_case(op, "quick", **params) for op, params in TINY.items()]
     else:
         case_list = production_cases() if args.shapes == "production" else sweep_cases()
-    if args.ops:
-        case_list = [c for c in case_list if c.op in args.ops.split(",")]
+    case_list = [c for c in case_list if c.op in args.ops]
     on_gpu = device.type == "cuda"
     if args.overhead:
         case_list = []
@@ -358,11 +359,14 @@ def main(args) -> int:
               f"{o['overhead_us']:5.1f} us ({o['prepared_overhead_us']:5.1f} us prepared)")
     plat = platform(device)
     if args.json:
-        with open(args.json, "w") as f:
+        with args.json as f:
             json.dump(dict(platform=str(plat), libraries=dict(plat.libraries), shapes=args.shapes,
                            ceilings=asdict(ceilings) if ceilings else None, results=[asdict(r) for r in rows],
                            dispatch_overhead=overhead), f, indent=1)
     if args.plot:
         for path in plot(rows, args.plot):
             print(f"wrote {path}")
+    if not overhead and not any(r.us for r in rows):
+        print(f"nothing was timed: no case of {', '.join(args.ops)} ran on {', '.join(names)} here", file=sys.stderr)
+        return 1
     return 0

@@ -1,16 +1,87 @@
-"""``dsv4ops info`` and ``dsv4ops check``."""
+"""``dsv4ops info``, ``dsv4ops check`` and ``dsv4ops bench``.
+
+Every flag is checked, and output files are opened, before anything runs; a bad flag, path or
+``DSV4OPS_*`` variable is one line on stderr and exit status 2, never a traceback.
+"""
 from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import sys
 import textwrap
 
 import torch
 
-from . import OP_NAMES, backends, decide, platform
+from . import OP_NAMES, backends, decide, platform, registry
 from ._table import render_table
+from .errors import Dsv4opsError
 from .platform import default_device
+
+
+class UsageError(Exception):
+    """A bad command-line flag or output path (reported in one line, exit status 2)."""
+
+
+def parse_ops(value: str | None) -> list[str]:
+    """``--ops a,b`` -> the ops (default: all)."""
+    ops = [o.strip() for o in value.split(",")] if value else list(OP_NAMES)
+    unknown = [o for o in ops if o not in OP_NAMES]
+    if unknown:
+        raise UsageError(f"--ops: unknown op(s) {', '.join(map(repr, unknown))}; ops are {', '.join(OP_NAMES)}")
+    return ops
+
+
+def parse_backends(value: str | None) -> list[str]:
+    """``--backends a,b`` -> registered backend names (default: every registered one but reference)."""
+    known = registry.backend_names()
+    if not value:
+        return [name for name in known if name != "reference"]
+    names = [n.strip() for n in value.split(",")]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"--backends: unknown backend(s) {', '.join(map(repr, unknown))}; backends are "
+                         f"{', '.join(known)}")
+    return names
+
+
+def parse_device(value: str | None) -> torch.device:
+    """``--device`` -> a torch device that exists here (default: the current accelerator, else cpu)."""
+    if not value:
+        return default_device()
+    try:
+        device = torch.device(value)
+    except RuntimeError:
+        raise UsageError(f"--device {value!r}: not a torch device (e.g. cpu, cuda, cuda:1)") from None
+    if device.type != "cpu":
+        module = getattr(torch, device.type, None)
+        count = module.device_count() if module is not None and module.is_available() else 0
+        if count == 0 or (device.index or 0) >= count:
+            raise UsageError(f"--device {value!r}: no such device here ({count} {device.type} device(s) visible)")
+    return device
+
+
+def open_output(value: str | None, flag: str):
+    """Open an output file for writing now, so that a bad path fails before the run (None if unset)."""
+    if not value:
+        return None
+    try:
+        return open(value, "w")
+    except OSError as exc:
+        raise UsageError(f"{flag} {value!r}: cannot write ({exc.strerror or exc})") from None
+
+
+def check_plot_prefix(value: str | None) -> None:
+    """``bench --plot PREFIX``: matplotlib installed and PREFIX's folder writable."""
+    if not value:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError('--plot needs matplotlib: pip install "dsv4ops[bench]"') from None
+    folder = os.path.dirname(value) or "."
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise UsageError(f"--plot {value!r}: folder {folder!r} does not exist or is not writable")
 
 
 def cmd_info(args) -> int:
@@ -37,27 +108,20 @@ def cmd_info(args) -> int:
 
 
 def cmd_check(args) -> int:
-    import os
-
     from .backend_support import triton_interpreter_enabled
     from .conformance import LEGEND, result_rows, select_cases, summarize, to_json
 
-    device = torch.device(args.device) if args.device else default_device()
-    if device.type == "cpu" and not triton_interpreter_enabled() and not args.no_interpreter:
-        os.environ["TRITON_INTERPRET"] = "1"          # read when the Triton kernels are first imported
-        print("no accelerator: the Triton kernels run through Triton's interpreter (TRITON_INTERPRET=1)")
-    ops = args.ops.split(",") if args.ops else list(OP_NAMES)
-    unknown = [o for o in ops if o not in OP_NAMES]
-    if unknown:
-        print(f"unknown op(s): {', '.join(unknown)}; ops are {', '.join(OP_NAMES)}", file=sys.stderr)
-        return 2
-    names = args.backends.split(",") if args.backends else [b.name for b in backends() if b.name != "reference"]
+    device = parse_device(args.device)
+    ops, names = parse_ops(args.ops), parse_backends(args.backends)
     if args.include_reference and "reference" not in names:
         names = ["reference"] + names
     case_list = select_cases(ops, args.tier, args.case)
     if not case_list:
-        print("no case matches", file=sys.stderr)
-        return 2
+        raise UsageError("no case matches" + (f" --case {args.case!r}" if args.case else ""))
+    json_file = open_output(args.json, "--json")
+    if device.type == "cpu" and not triton_interpreter_enabled() and not args.no_interpreter:
+        os.environ["TRITON_INTERPRET"] = "1"          # read when the Triton kernels are first imported
+        print("no accelerator: the Triton kernels run through Triton's interpreter (TRITON_INTERPRET=1)")
     results = _run_with_progress(case_list, names, device, args.seed)
     cells = summarize(result_rows(results))
     plat = platform(device)
@@ -70,12 +134,12 @@ def cmd_check(args) -> int:
     failures = [r for r in results if r.status in ("fail", "error")]
     for r in failures:
         print(f"\n{r.status.upper()} {r.backend} {r.case.id}\n  {r.message}\n  rerun: {r.reproducer()}")
-    if args.json:
+    if json_file:
         meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     platform=str(plat), device=plat.device_name, tier=args.tier, seed=args.seed,
                     libraries=dict(plat.libraries), command=" ".join(["dsv4ops"] + sys.argv[1:]))
-        with open(args.json, "w") as f:
-            f.write(to_json(results, meta))
+        with json_file:
+            json_file.write(to_json(results, meta))
     passed = sum(r.status == "pass" for r in results)
     print(f"\n{passed} passed, {len(failures)} failed, {sum(r.status == 'skip' for r in results)} skipped")
     if failures:
@@ -102,6 +166,15 @@ def _run_with_progress(case_list, names, device, seed):
         task = progress.add_task("checking", total=total)
         return run_matrix(case_list, names, device, seed,
                           progress=lambda r: progress.update(task, advance=1, description=f"{r.backend} {r.case.op}"))
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+
+    args.ops, args.backends = parse_ops(args.ops), parse_backends(args.backends)
+    check_plot_prefix(args.plot)
+    args.json = open_output(args.json, "--json")
+    return bench.main(args)
 
 
 def main(argv=None) -> int:
@@ -135,9 +208,13 @@ def main(argv=None) -> int:
     bench.add_argument("--plot", metavar="PREFIX", help="write PREFIX<op>.png per op")
     bench.add_argument("--tiny", action="store_true", help="one tiny case per op (a smoke run, CPU included)")
     bench.add_argument("--overhead", action="store_true", help="only the dispatch overhead (GPU)")
-    bench.set_defaults(fn=lambda a: __import__("dsv4ops.bench", fromlist=["main"]).main(a))
+    bench.set_defaults(fn=cmd_bench)
     args = parser.parse_args(argv)
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except (UsageError, Dsv4opsError) as exc:         # dsv4ops' own errors: bad flags, env, inputs
+        print(f"dsv4ops {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

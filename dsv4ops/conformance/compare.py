@@ -277,7 +277,7 @@ def _topk_selection(c: _Collector, logits, k, starts, ends, got_result, slack, n
     bad_rows = (~prefix_ok).any(1)
     c.require(not bool(bad_rows.any()), f"{name}: {int(bad_rows.sum())} rows are not min(k, n) valid row-local "
               f"indices followed by -1 (first bad row {int(torch.nonzero(bad_rows)[0]) if bad_rows.any() else -1})")
-    if c.failures:
+    if c.failures or W == 0:                    # W = 0: every row must be all -1, checked above
         return
     sorted_idx = torch.where(in_prefix, got, W + pos[None, :]).sort(1).values
     dup = (sorted_idx[:, 1:] == sorted_idx[:, :-1]).any(1)

@@ -1,0 +1,86 @@
+"""The command line: every bad flag, path or setting is one clear line and a non-zero exit, found
+before anything runs; never a traceback."""
+import subprocess
+import sys
+
+import pytest
+
+from dsv4ops import settings
+from dsv4ops.cli import main
+
+
+def fails(capsys, argv, *expected, code=2) -> str:
+    assert main(argv) == code
+    captured = capsys.readouterr()
+    for text in expected:
+        assert text in captured.err
+    assert "Traceback" not in captured.err + captured.out
+    return captured.out
+
+
+@pytest.mark.parametrize("command", ["check", "bench"])
+def test_unknown_backend_or_op(capsys, command):
+    out = fails(capsys, [command, "--backends", "nonexistent", "--ops", "indexer_topk"],
+                "--backends: unknown backend(s) 'nonexistent'; backends are ", "reference")
+    assert out == ""                                              # nothing ran
+    fails(capsys, [command, "--ops", "indexer_topk,nope"], "--ops: unknown op(s) 'nope'")
+
+
+@pytest.mark.parametrize("command", ["check", "bench"])
+def test_json_into_a_missing_folder_fails_before_the_run(capsys, tmp_path, command):
+    path = tmp_path / "missing" / "out.json"
+    out = fails(capsys, [command, "--backends", "reference", "--ops", "indexer_topk", "--json", str(path)],
+                f"--json '{path}': cannot write (No such file or directory)")
+    assert "conformance" not in out and not path.parent.exists()
+
+
+@pytest.mark.parametrize("device,expected", [
+    ("bogus", "--device 'bogus': not a torch device"),
+    ("cuda:7", "--device 'cuda:7': no such device here"),
+])
+def test_bad_device(capsys, device, expected):
+    fails(capsys, ["check", "--backends", "reference", "--ops", "indexer_topk", "--device", device], expected)
+
+
+def test_no_matching_case(capsys):
+    fails(capsys, ["check", "--backends", "reference", "--ops", "indexer_topk", "--case", "nope"],
+          "no case matches --case 'nope'")
+
+
+def test_plot_without_matplotlib(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)          # import matplotlib -> ImportError
+    fails(capsys, ["bench", "--tiny", "--backends", "reference", "--plot", str(tmp_path / "p-")],
+          "--plot needs matplotlib")
+
+
+def test_plot_into_a_missing_folder(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    fails(capsys, ["bench", "--tiny", "--backends", "reference", "--plot", str(tmp_path / "no" / "p-")],
+          "does not exist or is not writable")
+
+
+def test_bench_that_times_nothing_fails(capsys):
+    """flashmla cannot run on the CPU: every case is skipped, which is not a successful benchmark."""
+    fails(capsys, ["bench", "--tiny", "--ops", "fp8_einsum", "--backends", "flashmla"], "nothing was timed", code=1)
+
+
+@pytest.mark.parametrize("name,value,expected", [
+    ("DSV4OPS_BACKEND", "nonsense_op=triton", "DSV4OPS_BACKEND: bad entry 'nonsense_op=triton'"),
+    ("DSV4OPS_PLATFORM", "tpu", "DSV4OPS_PLATFORM"),
+])
+def test_bad_environment(capsys, monkeypatch, name, value, expected):
+    monkeypatch.setenv(name, value)
+    settings.reload()
+    try:
+        fails(capsys, ["info"], "dsv4ops info: error: ", expected)
+    finally:
+        monkeypatch.delenv(name)
+        settings.reload()
+
+
+def test_bad_environment_in_a_real_process():
+    """The installed entry point: one line on stderr, exit status 2, no traceback."""
+    env = {"PATH": "", "DSV4OPS_BACKEND": "*=nope"}
+    proc = subprocess.run([sys.executable, "-m", "dsv4ops.cli", "info"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("dsv4ops info: error: DSV4OPS_BACKEND: bad entry '*=nope': unknown backend 'nope'")
