@@ -11,6 +11,7 @@ from .formats import Layout
 from .selection import Decision, decide
 from .errors import ConfigError, Dsv4opsError, InputError, UnsupportedError
 from .ops import inv_rope_fp8_quant
+from .ops import compress_kv_insert
 from .ops import OP_NAMES, OPS, fp8_einsum, indexer_topk, paged_mqa_logits, qnorm_rope_kv_insert, sparse_mla_decode
 from .ops import sparse_mla_prefill
 from .ops import mqa_logits
@@ -41,6 +42,7 @@ def explain(op_name: str, *args, backend: str | None = None, **kwargs) -> Decisi
 
 __all__ = [
     "inv_rope_fp8_quant",
+    "compress_kv_insert",
     "qnorm_rope_kv_insert", "sparse_mla_decode", "paged_mqa_logits", "fp8_einsum", "indexer_topk",
     "sparse_mla_prefill", "mqa_logits",
     "dispatch", "explain", "prepare", "PreparedOp", "backends", "platform", "simulate_platform", "formats", "reference",

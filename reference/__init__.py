@@ -15,8 +15,10 @@ from . import mqa_logits
 
 from . import inv_rope_fp8_quant
 
+from . import compress_kv_insert
+
 BACKEND = register_backend(Backend("reference", VENDORS, description="PyTorch references (any device)"))
-for _module in (inv_rope_fp8_quant, qnorm_rope_kv_insert, sparse_mla_decode, paged_mqa_logits, fp8_einsum, indexer_topk,
+for _module in (compress_kv_insert, inv_rope_fp8_quant, qnorm_rope_kv_insert, sparse_mla_decode, paged_mqa_logits, fp8_einsum, indexer_topk,
                 sparse_mla_prefill, mqa_logits):
     _name = _module.__name__.rpartition(".")[2]
     BACKEND.implements(_name, getattr(_module, _name))
@@ -36,9 +38,10 @@ sparse_mla_decode = _public(OPS["sparse_mla_decode"])
 paged_mqa_logits = _public(OPS["paged_mqa_logits"])
 fp8_einsum = _public(OPS["fp8_einsum"])
 indexer_topk = _public(OPS["indexer_topk"])
+compress_kv_insert = _public(OPS["compress_kv_insert"])
 mqa_logits = _public(OPS["mqa_logits"])
 inv_rope_fp8_quant = _public(OPS["inv_rope_fp8_quant"])
 sparse_mla_prefill = _public(OPS["sparse_mla_prefill"])
 
-__all__ = ["inv_rope_fp8_quant", "qnorm_rope_kv_insert", "sparse_mla_decode", "paged_mqa_logits", "fp8_einsum", "indexer_topk",
+__all__ = ["compress_kv_insert", "inv_rope_fp8_quant", "qnorm_rope_kv_insert", "sparse_mla_decode", "paged_mqa_logits", "fp8_einsum", "indexer_topk",
            "sparse_mla_prefill", "mqa_logits"]

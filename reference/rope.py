@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4ops.formats import NOPE_DIM, ROPE_DIM
+from dsv4ops.formats import ROPE_DIM
 
 
 def cos_sin(cos_sin_cache: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -13,7 +13,9 @@ def cos_sin(cos_sin_cache: torch.Tensor, positions: torch.Tensor) -> tuple[torch
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """fp32 ``x [..., 512]`` with pairs ``(448+2i, 448+2i+1)`` rotated by ``(cos[i], sin[i])``."""
-    even, odd = x[..., NOPE_DIM::2], x[..., NOPE_DIM + 1::2]
+    """fp32 ``x [..., D]`` with the pairs of its last 64 dims (``(448+2i, 448+2i+1)`` for D = 512)
+    rotated by ``(cos[i], sin[i])``."""
+    start = x.shape[-1] - ROPE_DIM
+    even, odd = x[..., start::2], x[..., start + 1::2]
     rot = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
-    return torch.cat([x[..., :NOPE_DIM], rot], dim=-1)
+    return torch.cat([x[..., :start], rot], dim=-1)

@@ -20,6 +20,8 @@ def base(op):
         "fp8_einsum": lambda: inputs.fp8_einsum("cpu", G(), B=2, H=2, D=128, R=256),
         "indexer_topk": lambda: inputs.indexer_topk("cpu", G(), R=4, W=64, k=8, mode="ranges"),
         "inv_rope_fp8_quant": lambda: inputs.inv_rope_fp8_quant("cpu", G(), T=3, H=4, n_groups=2, max_pos=64),
+        "compress_kv_insert": lambda: inputs.compress_kv_insert("cpu", G(), layout="fp8_ds_mla", ratio=4,
+                                                                reqs=((2, 6), (9, 1)), block_size=4),
     }[op]()
 
 
@@ -115,6 +117,27 @@ ERRORS = {
                                         seq_lens=torch.ones(2, 2, dtype=torch.int32))),
         ("next_n", _set(next_n=0)),
         ("out", _set(out=torch.empty(4, 8, dtype=torch.int64))),
+    ],
+    "compress_kv_insert": [
+        ("layout", _set(layout="bf16")),
+        ("ratio", _set(ratio=8)),
+        ("kv", _with("kv", lambda t: t[:, :512])),
+        ("kv", _with("kv", lambda t: t.half())),
+        ("score", _with("score", lambda t: t[:3])),
+        ("positions", _with("positions", lambda t: t.int())),
+        ("positions", _with("positions", lambda t: t + 1000)),
+        ("ape", _with("ape", lambda t: t[:2].contiguous())),
+        ("norm_weight", _with("norm_weight", lambda t: t[:128].contiguous())),
+        ("cos_sin_cache", _with("cos_sin_cache", lambda t: t.double())),
+        ("state_cache", _with("state_cache", lambda t: t[..., :1024].contiguous())),
+        ("state_slot_mapping", _with("state_slot_mapping", lambda t: t + 1000)),
+        ("state_block_table", _with("state_block_table", lambda t: t + 1000)),
+        ("token_to_req", _with("token_to_req", lambda t: t + 5)),
+        ("token_to_req", _with("token_to_req", lambda t: t.long())),
+        ("kv_cache", _set(block_size=8)),
+        ("slot_mapping", _with("slot_mapping", lambda t: t[:2])),
+        ("slot_mapping", _with("slot_mapping", lambda t: t + 1000)),
+        ("eps", _set(eps=0.0)),
     ],
     "inv_rope_fp8_quant": [
         ("o", _with("o", lambda t: t.float())),

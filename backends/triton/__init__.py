@@ -59,8 +59,6 @@ def next_n_power_of_two(plat: Platform, call) -> str | None:
     next_n = call.q.shape[1]
     if next_n & (next_n - 1):
         return f"next_n={next_n} is not a power of two"
-BACKEND.implements("compress_kv_insert", f"{_P}.compress_kv_insert:compress_kv_insert", supports=runs_here)
-BACKEND.implements("mqa_logits", f"{_P}.mqa_logits:mqa_logits", supports=all_of(runs_here, fp8_flavour_matches))
     return None
 
 
@@ -69,3 +67,5 @@ BACKEND.implements("paged_mqa_logits", f"{_P}.paged_mqa_logits:paged_mqa_logits"
 BACKEND.implements("fp8_einsum", f"{_P}.fp8_einsum:fp8_einsum", supports=runs_here)
 BACKEND.implements("indexer_topk", f"{_P}.indexer_topk:indexer_topk", supports=runs_here)
 BACKEND.implements("inv_rope_fp8_quant", f"{_P}.inv_rope_fp8_quant:inv_rope_fp8_quant", supports=runs_here)
+BACKEND.implements("compress_kv_insert", f"{_P}.compress_kv_insert:compress_kv_insert", supports=runs_here)
+BACKEND.implements("mqa_logits", f"{_P}.mqa_logits:mqa_logits", supports=all_of(runs_here, fp8_flavour_matches))

@@ -12,6 +12,7 @@ import torch
 
 from ..ops import OP_NAMES
 from .inputs import BUILDERS
+from .strides import apply as apply_strides, strided_params
 
 # Spec §0
 HEADS_PER_RANK = {"flash": (64, 32, 16, 8), "pro": (128, 64, 32, 16)}   # TP 1, 2, 4, 8
@@ -47,7 +48,10 @@ class Case:
 
     def build(self, device, seed: int) -> dict:
         gen = torch.Generator().manual_seed(seed)
-        return BUILDERS[self.op](device, gen, **self.kwargs)
+        params = self.kwargs
+        strided = params.pop("strided", None)           # the stride family (conformance/strides.py)
+        kwargs = BUILDERS[self.op](device, gen, **params)
+        return kwargs if strided is None else apply_strides(kwargs, strided)
 
 
 def make_case(op: str, tier: str = "quick", **params) -> Case:
@@ -150,6 +154,7 @@ def _logits(tier):
                         clean=clean, scale_fmt="ue8m0" if clean else "fp32", out=next_n == 2)
         for corner in ("zero_len", "short", "padded_rows"):
             yield make_case(op, tier, B=3, next_n=2, context=24, H=8, block_size=16, corner=corner, clean=True)
+        yield make_case(op, tier, B=2, next_n=6, context=40, H=8, block_size=16, lens_dim=1, clean=True)  # vLLM MTP
         return
     for B, next_n, context in itertools.product((4, 64), (1, 2), (2048, 8192)):
         yield make_case(op, tier, B=B, next_n=next_n, context=context, H=INDEX_HEADS, block_size=C4_BLOCK,
@@ -195,11 +200,42 @@ def _topk(tier):
     yield make_case(op, tier, R=32, W=700, k=1024, mode="ranges")                       # k > W
 
 
+def _compress(tier):
+    op = "compress_kv_insert"
+    if tier == "quick":
+        yield make_case(op, tier, layout="fp8_ds_mla", ratio=4, reqs=((0, 0),), block_size=4)
+        yield make_case(op, tier, layout="fp8_ds_mla", ratio=4, reqs=((0, 9), (5, 1), (7, 1), (30, 6)), block_size=4,
+                        pad=1, dp_pad=1)
+        yield make_case(op, tier, layout="index_fp8", ratio=4, reqs=((2, 7), (11, 1), (0, 4)), block_size=8,
+                        skip_slot=True, dtype=torch.bfloat16)
+        yield make_case(op, tier, layout="fp8_ds_mla", ratio=128, reqs=((100, 30), (127, 1), (0, 3)),
+                        block_size=C128_BLOCK)
+        return
+    for layout, ratio, bs in (("fp8_ds_mla", 4, C4_BLOCK), ("index_fp8", 4, C4_BLOCK), ("fp8_ds_mla", 128, C128_BLOCK)):
+        yield make_case(op, tier, layout=layout, ratio=ratio, reqs=tuple((1000 + 37 * i, 1) for i in range(128)),
+                        block_size=bs)                                   # decode: 128 requests, one token each
+        yield make_case(op, tier, layout=layout, ratio=ratio, reqs=((0, 1500), (513, 700), (4093, 3)),
+                        block_size=bs, pad=5, dp_pad=3)                  # prefill chunks
+    yield make_case(op, tier, layout="fp8_ds_mla", ratio=4, reqs=((8, 4), (0, 8192)), block_size=C4_BLOCK,
+                    dtype=torch.bfloat16, skip_slot=True)
+
+
 def _inv_rope(tier):
     op = "inv_rope_fp8_quant"
     if tier == "quick":
         yield make_case(op, tier, T=0, H=8, n_groups=1)
         yield make_case(op, tier, T=5, H=16, n_groups=2)
+        yield make_case(op, tier, T=3, H=6, n_groups=3, head_stride=8, corner="zero_head")
+        yield make_case(op, tier, T=4, H=8, n_groups=8)
+        return
+    for model, heads in HEADS_PER_RANK.items():
+        for H, G in zip(heads, O_GROUPS_PER_RANK[model]):
+            for T in (1, 128):
+                yield make_case(op, tier, T=T, H=H, n_groups=G)
+    yield make_case(op, tier, T=2048, H=64, n_groups=8, corner="zero_head")
+    yield make_case(op, tier, T=64, H=64, n_groups=8, head_stride=72)
+
+
 def _mqa_logits(tier):
     op = "mqa_logits"
     if tier == "quick":
@@ -224,17 +260,6 @@ def _mqa_logits(tier):
         yield make_case(op, tier, T=4096, S=16384, H=INDEX_HEADS, ranges="requests", topk=k)
 
 
-        yield make_case(op, tier, T=3, H=6, n_groups=3, head_stride=8, corner="zero_head")
-        yield make_case(op, tier, T=4, H=8, n_groups=8)
-        return
-    for model, heads in HEADS_PER_RANK.items():
-        for H, G in zip(heads, O_GROUPS_PER_RANK[model]):
-            for T in (1, 128):
-                yield make_case(op, tier, T=T, H=H, n_groups=G)
-    yield make_case(op, tier, T=2048, H=64, n_groups=8, corner="zero_head")
-    yield make_case(op, tier, T=64, H=64, n_groups=8, head_stride=72)
-
-
 _GENERATORS = {
     "qnorm_rope_kv_insert": _qnorm,
     "sparse_mla_decode": _decode,
@@ -242,18 +267,20 @@ _GENERATORS = {
     "paged_mqa_logits": _logits,
     "fp8_einsum": _einsum,
     "indexer_topk": _topk,
+    "compress_kv_insert": _compress,
     "inv_rope_fp8_quant": _inv_rope,
+    "mqa_logits": _mqa_logits,
 }
 TIERS = ("quick", "full")
 
 
 def cases(op: str, tier: str = "quick") -> list[Case]:
-    "mqa_logits": _mqa_logits,
     if op not in OP_NAMES:
         raise ValueError(f"unknown op {op!r}")
     if tier not in TIERS:
         raise ValueError(f"unknown tier {tier!r}; expected one of {TIERS}")
-    return list(_GENERATORS[op](tier))
+    family = [Case(op, params, tier) for params in strided_params(op, tier)]
+    return list(_GENERATORS[op](tier)) + family
 
 
 def typical_case(op: str) -> Case:
@@ -270,5 +297,7 @@ def typical_case(op: str) -> Case:
         "fp8_einsum": make_case("fp8_einsum", "quick", B=4, H=8, D=O_LORA_RANK, R=O_GROUP_K),
         "indexer_topk": make_case("indexer_topk", "quick", R=4, W=1024, k=512, mode="decode2d"),
         "inv_rope_fp8_quant": make_case("inv_rope_fp8_quant", "quick", T=4, H=64, n_groups=8),
-    }[op]
+        "compress_kv_insert": make_case("compress_kv_insert", "quick", layout="fp8_ds_mla", ratio=4,
+                                        reqs=((3, 1), (7, 1)), block_size=C4_BLOCK),
         "mqa_logits": make_case("mqa_logits", "quick", T=64, S=256, H=INDEX_HEADS),
+    }[op]

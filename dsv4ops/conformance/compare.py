@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import formats
+from .. import formats, quant
 from ..formats import Layout
 from ..ops._rows import row_bounds
 
@@ -327,6 +327,44 @@ def inv_rope_fp8_quant(case, ref_kwargs, ref_result, got_kwargs, got_result) -> 
     return c.verdict()
 
 
+def compress_kv_insert(case, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
+    """State cache bit-exact (a copy and one fp32 add); each written entry's scales equal up to one
+    power of two and its fp8 values within one e4m3 step (the pooled values may round differently
+    by an fp32 ulp), RoPE bf16 values within one ulp; every other cache byte exact."""
+    c = _Collector()
+    kw = ref_kwargs
+    c.require(torch.equal(got_kwargs["state_cache"].view(torch.int32), kw["state_cache"].view(torch.int32)),
+              "state_cache: rows differ bitwise (saved rows are an exact copy, score + ape one fp32 add)")
+    n = kw["state_slot_mapping"].shape[0]
+    done = ((kw["state_slot_mapping"] >= 0) & ((kw["positions"][:n] + 1) % kw["ratio"] == 0)
+            & (kw["slot_mapping"] >= 0))
+    slots = kw["slot_mapping"][done]
+    got, ref, bs = got_kwargs["kv_cache"], kw["kv_cache"], kw["block_size"]
+    owned = torch.zeros_like(ref, dtype=torch.bool)
+    block, off = slots // bs, slots % bs
+    if kw["layout"] == "fp8_ds_mla":
+        (gd, gs), (rd, rs) = formats.ds_mla_views(got, bs), formats.ds_mla_views(ref, bs)
+        od, os_ = formats.ds_mla_views(owned, bs)
+        od[block, off] = True
+        os_[block, off, : formats.NUM_TILES] = True            # the pad byte is compared exactly
+        nope = lambda data: data[block, off, : formats.NOPE_DIM].view(torch.float8_e4m3fn)
+        scale = lambda s: quant.ue8m0_to_float(s[block, off, : formats.NUM_TILES])
+        _fp8_blocks_close(c, "entries", (nope(gd), scale(gs)), (nope(rd), scale(rs)), formats.TILE)
+        _bf16_ulp_close(c, "entry RoPE bytes", gd[block, off, formats.NOPE_DIM:], rd[block, off, formats.NOPE_DIM:])
+    else:
+        (gv, gs), (rv, rs) = formats.index_key_views(got), formats.index_key_views(ref)
+        page = owned.view(owned.shape[0], -1)
+        cols = off[:, None] * formats.INDEX_DIM + torch.arange(formats.INDEX_DIM, device=ref.device)
+        page[block[:, None], cols] = True
+        page[block[:, None], bs * formats.INDEX_DIM + off[:, None] * 4 + torch.arange(4, device=ref.device)] = True
+        _fp8_blocks_close(c, "keys", (gv[block, off], gs[block, off, None]), (rv[block, off], rs[block, off, None]),
+                          formats.INDEX_DIM)
+    mismatch = (got != ref) & ~owned
+    c.require(not bool(mismatch.any()), f"kv_cache: {int(mismatch.sum())} bytes differ outside the written "
+              f"entries' values and scales (pad bytes, other slots, page padding)")
+    return c.verdict()
+
+
 RULES = {
     "qnorm_rope_kv_insert": qnorm_rope_kv_insert,
     "sparse_mla_decode": sparse_mla_decode,
@@ -335,5 +373,6 @@ RULES = {
     "fp8_einsum": fp8_einsum,
     "indexer_topk": indexer_topk,
     "inv_rope_fp8_quant": inv_rope_fp8_quant,
+    "compress_kv_insert": compress_kv_insert,
     "mqa_logits": mqa_logits,
 }

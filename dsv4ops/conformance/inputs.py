@@ -296,6 +296,72 @@ def mqa_logits(device, gen, *, T, S, H=64, ranges="causal", scale_fmt="fp32", fl
     return _to(kwargs, device)
 
 
+# ---------------------------------------------------------------------------------------------
+def compress_kv_insert(device, gen, *, layout, ratio, reqs, block_size, pad=0, dp_pad=0, dtype=torch.float32,
+                       skip_slot=False):
+    """Requests ``reqs = ((prior, new), ...)``: ``prior`` tokens compressed by earlier calls (their
+    last window's state rows are random values, every other state row is NaN: nothing may read it),
+    ``new`` tokens in this call. ``kv`` / ``score`` are the halves of one [T, 2c*D] projection
+    (strided rows). ``pad`` dummy tokens (state slot -1) follow, then ``dp_pad`` tokens past the
+    slot mappings. Tokens that close no window carry slots on a spare page (writing them is a bug);
+    ``skip_slot`` gives the first closing token slot -1."""
+    from ..ops.compress_kv_insert import LAYOUTS, overlap
+    c, D = overlap(ratio), LAYOUTS[layout]
+    width, sbs = c * D, 4 if ratio == 4 else 8
+    ends = [prior + new for prior, new in reqs]
+    state_pages = [-(-e // sbs) for e in ends]
+    entry_pages = [-(-(e // ratio) // block_size) for e in ends]
+    nsb, nb = sum(state_pages) + 1, sum(entry_pages) + 1          # + a spare page each
+    sperm, kperm = torch.randperm(nsb, generator=gen), torch.randperm(nb, generator=gen)
+    spare = int(kperm[-1])
+    state_table = torch.zeros(len(reqs), max(state_pages + [1]), dtype=torch.int32)
+    entry_table = torch.zeros(len(reqs), max(entry_pages + [1]), dtype=torch.int64)
+    state = torch.full((nsb, sbs, 2 * width), float("nan"))
+    positions, req_of, sslots, slots = [], [], [], []
+    s_used = k_used = 0
+    for r, (prior, new) in enumerate(reqs):
+        state_table[r, :state_pages[r]] = sperm[s_used:s_used + state_pages[r]].to(torch.int32)
+        entry_table[r, :entry_pages[r]] = kperm[k_used:k_used + entry_pages[r]]
+        s_used, k_used = s_used + state_pages[r], k_used + entry_pages[r]
+        for q in range(max(0, prior - c * ratio), prior):          # the state earlier calls left
+            state[state_table[r, q // sbs], q % sbs] = torch.cat([_randn(gen, width), 2 * _randn(gen, width)])
+        for q in range(prior, prior + new):
+            positions.append(q)
+            req_of.append(r)
+            sslots.append(int(state_table[r, q // sbs]) * sbs + q % sbs)
+            e = q // ratio
+            slots.append(int(entry_table[r, e // block_size]) * block_size + e % block_size
+                         if (q + 1) % ratio == 0 else spare * block_size + int(_randint(gen, 0, block_size, ())))
+    if skip_slot:
+        first = next(i for i, q in enumerate(positions) if (q + 1) % ratio == 0)
+        slots[first] = -1
+    max_pos = max(ends + [1]) + ratio
+    for _ in range(pad):
+        positions.append(int(_randint(gen, 0, max_pos, ())))
+        req_of.append(0)
+        sslots.append(-1)
+        slots.append(spare * block_size)
+    n = len(positions)
+    positions += [int(_randint(gen, 0, max_pos, ())) for _ in range(dp_pad)]
+    T = len(positions)
+    proj = _randn(gen, T, 2 * width) * torch.cat([0.05 + 2 * torch.rand(T, 1, generator=gen),
+                                                   torch.full((T, 1), 2.0)], dim=1).repeat_interleave(width, 1)
+    if layout == "fp8_ds_mla":
+        cache = random_cache_bytes(gen, nb, block_size, "fp8_ds_mla")
+    else:
+        cache = _randint(gen, 0, 256, (nb, block_size, 1, formats.INDEX_TOKEN_BYTES)).to(torch.uint8)
+    proj = proj.to(dtype)
+    kwargs = dict(kv=proj[:, :width], score=proj[:, width:], positions=torch.tensor(positions, dtype=torch.int64),
+                  ape=0.5 * _randn(gen, ratio, width), norm_weight=(1 + 0.1 * _randn(gen, D)).to(dtype),
+                  cos_sin_cache=cos_sin_cache(max_pos), state_cache=state,
+                  state_slot_mapping=torch.tensor(sslots, dtype=torch.int64), state_block_table=state_table,
+                  token_to_req=torch.tensor(req_of, dtype=torch.int32), kv_cache=cache,
+                  slot_mapping=torch.tensor(slots, dtype=torch.int64), layout=layout, ratio=ratio,
+                  block_size=block_size, eps=1e-6)
+    assert len(sslots) == n
+    return _to(kwargs, device)
+
+
 def _to(kwargs: dict, device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
@@ -309,4 +375,5 @@ BUILDERS = {
     "indexer_topk": indexer_topk,
     "mqa_logits": mqa_logits,
     "inv_rope_fp8_quant": inv_rope_fp8_quant,
+    "compress_kv_insert": compress_kv_insert,
 }

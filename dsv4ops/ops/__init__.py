@@ -1,4 +1,5 @@
 """The op declarations, one module per op (its ``OpSpec``, checks and fake outputs)."""
+from . import compress_kv_insert
 from . import inv_rope_fp8_quant
 from . import fp8_einsum, indexer_topk, paged_mqa_logits, qnorm_rope_kv_insert, sparse_mla_decode
 from . import sparse_mla_prefill
@@ -10,6 +11,7 @@ OPS = {m.OP.name: m.OP for m in (qnorm_rope_kv_insert, sparse_mla_decode, paged_
 OPS[sparse_mla_prefill.OP.name] = sparse_mla_prefill.OP
 OPS[inv_rope_fp8_quant.OP.name] = inv_rope_fp8_quant.OP
 OPS[mqa_logits.OP.name] = mqa_logits.OP
+OPS[compress_kv_insert.OP.name] = compress_kv_insert.OP
 OP_NAMES = tuple(OPS)
 
 qnorm_rope_kv_insert = OPS["qnorm_rope_kv_insert"].function
@@ -17,6 +19,7 @@ sparse_mla_decode = OPS["sparse_mla_decode"].function
 paged_mqa_logits = OPS["paged_mqa_logits"].function
 fp8_einsum = OPS["fp8_einsum"].function
 indexer_topk = OPS["indexer_topk"].function
+compress_kv_insert = OPS["compress_kv_insert"].function
 mqa_logits = OPS["mqa_logits"].function
 inv_rope_fp8_quant = OPS["inv_rope_fp8_quant"].function
 sparse_mla_prefill = OPS["sparse_mla_prefill"].function

@@ -1,0 +1,119 @@
+"""Triton compress_kv_insert (docs/ops.md §9), two launches over the tokens:
+
+1. ``_save_state``: each live token's fp32 state row ``[kv, score + ape[p % ratio]]`` (a copy).
+2. ``_compress``: programs of tokens that close a window stream the window's state rows in chunks
+   of ``CHUNK`` positions with an online softmax per channel (registers stay bounded for C128's 128
+   rows), then RMSNorm, RoPE (split / interleave of the pairs), bf16 and the quantized store.
+   All other programs return at once. The second launch reads what the first wrote.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from dsv4ops.ops.compress_kv_insert import overlap
+from dsv4ops.platform import platform
+from dsv4ops.quant import FP8_MAX
+
+from .common import ceil_log2, exp2_int
+from .tuning import tuning
+
+
+@triton.jit
+def _save_state(kv_ptr, kv_stride, score_ptr, score_stride, pos_ptr, ape_ptr, state_ptr, st_stride0, st_stride1,
+                sslot_ptr, sbs, RATIO: tl.constexpr, WIDTH: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(sslot_ptr + t)
+    if slot >= 0:
+        d = tl.arange(0, WIDTH)
+        row = state_ptr + (slot // sbs) * st_stride0 + (slot % sbs) * st_stride1
+        kv = tl.load(kv_ptr + t * kv_stride + d).to(tl.float32)
+        ape = tl.load(ape_ptr + (tl.load(pos_ptr + t) % RATIO) * WIDTH + d)
+        score = tl.load(score_ptr + t * score_stride + d).to(tl.float32)
+        tl.store(row + d, kv)
+        tl.store(row + WIDTH + d, score + ape)
+
+
+@triton.jit
+def _compress(pos_ptr, state_ptr, st_stride0, st_stride1, sslot_ptr, btab_ptr, btab_stride, req_ptr, sbs,
+              w_ptr, eps, cs_ptr, cache_ptr, slot_ptr, block_size, page_bytes,
+              D: tl.constexpr, RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr, DS_MLA: tl.constexpr,
+              FP8_MAX: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    p = tl.load(pos_ptr + t)
+    slot = tl.load(slot_ptr + t)
+    if (tl.load(sslot_ptr + t) >= 0) & ((p + 1) % RATIO == 0) & (slot >= 0):
+        table = btab_ptr + tl.load(req_ptr + t).to(tl.int64) * btab_stride
+        d = tl.arange(0, D)
+        m = tl.full((D,), float("-inf"), tl.float32)
+        den = tl.zeros((D,), tl.float32)
+        acc = tl.zeros((D,), tl.float32)
+        for j0 in tl.static_range(0, C * RATIO, CHUNK):
+            j = j0 + tl.arange(0, CHUNK)
+            w = p - C * RATIO + 1 + j
+            ok = w >= 0
+            wc = tl.maximum(w, 0)
+            page = tl.load(table + wc // sbs, mask=ok, other=0).to(tl.int64)
+            first = (j >= RATIO).to(tl.int64) * D              # C4: the earlier RATIO positions use [0, D)
+            row = state_ptr + page * st_stride0 + (wc % sbs) * st_stride1 + first
+            ptr = row[:, None] + d[None, :]
+            s = tl.load(ptr + C * D, mask=ok[:, None], other=float("-inf"))
+            v = tl.load(ptr, mask=ok[:, None], other=0.0)
+            m_new = tl.maximum(m, tl.max(s, axis=0))
+            base = tl.where(m_new == float("-inf"), 0.0, m_new)
+            e = tl.exp(s - base[None, :])
+            alpha = tl.exp(m - base)
+            den = den * alpha + tl.sum(e, axis=0)
+            acc = acc * alpha + tl.sum(e * v, axis=0)
+            m = m_new
+        pooled = acc / den
+        normed = pooled / tl.sqrt(tl.sum(pooled * pooled, axis=0) / D + eps) * tl.load(w_ptr + d).to(tl.float32)
+        even, odd = tl.split(tl.reshape(normed, (D // 2, 2)))
+        i = tl.arange(0, D // 2) - (D - 64) // 2                 # rotation pair index, < 0 on NoPE dims
+        rope = i >= 0
+        cpos = (p - RATIO + 1) * 64
+        cos = tl.load(cs_ptr + cpos + i, mask=rope, other=1.0)
+        sin = tl.load(cs_ptr + cpos + 32 + i, mask=rope, other=0.0)
+        e2 = tl.where(rope, even * cos - odd * sin, even)
+        o2 = tl.where(rope, even * sin + odd * cos, odd)
+        y = tl.interleave(e2, o2).to(tl.bfloat16).to(tl.float32)
+        block = slot // block_size
+        off = slot % block_size
+        page_ptr = cache_ptr + block * page_bytes
+        if DS_MLA:
+            tiles = tl.reshape(y, (D // 64, 64))
+            ex = ceil_log2(tl.maximum(tl.max(tl.abs(tiles), axis=1), 1e-4) / FP8_MAX)
+            q8 = tl.reshape(tl.clamp(tiles * exp2_int(-ex)[:, None], -FP8_MAX, FP8_MAX).to(tl.float8e4nv), (D,))
+            data = page_ptr + off * 576
+            tl.store(data + d, q8.to(tl.uint8, bitcast=True), mask=d < D - 64)
+            tl.store((data + D - 64).to(tl.pointer_type(tl.bfloat16)) + d - (D - 64), y.to(tl.bfloat16),
+                     mask=d >= D - 64)
+            k = tl.arange(0, D // 64)
+            byte = tl.where(k < D // 64 - 1, tl.minimum(tl.maximum(ex + 127, 0), 255), 0)
+            tl.store(page_ptr + block_size * 576 + off * 8 + k, byte.to(tl.uint8))
+        else:
+            ex = ceil_log2(tl.maximum(tl.max(tl.abs(y), axis=0), 1e-4) / FP8_MAX)
+            q8 = tl.clamp(y * exp2_int(-ex), -FP8_MAX, FP8_MAX).to(tl.float8e4nv)
+            tl.store(page_ptr + off * D + d, q8.to(tl.uint8, bitcast=True))
+            tl.store((page_ptr + block_size * D + off * 4).to(tl.pointer_type(tl.float32)), exp2_int(ex))
+
+
+def compress_kv_insert(a):
+    n = a.state_slot_mapping.shape[0]
+    if n == 0:
+        return None
+    c = overlap(a.ratio)
+    width = a.kv.shape[1]
+    D = width // c
+    sc = a.state_cache
+    ds_mla = a.layout == "fp8_ds_mla"
+    page_bytes = a.kv_cache.stride(0)
+    warps = tuning(platform(a.kv.device)).compress_warps
+    _save_state[(n,)](a.kv, a.kv.stride(0), a.score, a.score.stride(0), a.positions, a.ape, sc, sc.stride(0),
+                      sc.stride(1), a.state_slot_mapping, sc.shape[1], RATIO=a.ratio, WIDTH=width, num_warps=warps)
+    _compress[(n,)](a.positions, sc, sc.stride(0), sc.stride(1), a.state_slot_mapping, a.state_block_table,
+                    a.state_block_table.stride(0), a.token_to_req, sc.shape[1], a.norm_weight, a.eps,
+                    a.cos_sin_cache, a.kv_cache, a.slot_mapping, a.block_size, page_bytes,
+                    D=D, RATIO=a.ratio, C=c, CHUNK=min(c * a.ratio, 16), DS_MLA=ds_mla, FP8_MAX=FP8_MAX["ocp"],
+                    num_warps=warps)
+    return None
