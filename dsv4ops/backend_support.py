@@ -95,12 +95,18 @@ def topk_output(a) -> torch.Tensor:
     return torch.empty(a.logits.shape[0], a.k, dtype=torch.int32, device=a.logits.device)
 
 
+def dense(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` contiguous (no copy when it already is), for vendor kernels that assume dense rows;
+    None stays None. Index, length, sink and scale arguments are small, so the copy is cheap."""
+    return None if t is None else t.contiguous()
+
+
 def pad_heads(q: torch.Tensor, attn_sink: torch.Tensor | None, padded: int):
     """Zero query heads and -inf sinks (no effect) up to ``padded`` heads; no copy when already there.
     Returns (q [T, padded, 512], sink [padded] or None)."""
     T, H, D = q.shape
     if padded == H:
-        return q, attn_sink
+        return q, dense(attn_sink)
     q_p = torch.zeros(T, padded, D, dtype=q.dtype, device=q.device)
     q_p[:, :H] = q
     sink_p = None

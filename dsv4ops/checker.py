@@ -3,6 +3,7 @@ argument and what was expected. Structural checks never synchronise the device; 
 (ranges) run on CPU tensors always and on accelerator tensors only with ``DSV4OPS_DEBUG=1``."""
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -16,6 +17,46 @@ def describe(t) -> str:
         return f"{type(t).__name__} {t!r}" if not isinstance(t, (list, tuple)) else type(t).__name__
     dtype = str(t.dtype).replace("torch.", "")
     return f"{dtype} {list(t.shape)} on {t.device}"
+
+
+INT32_MAX = 2 ** 31 - 1
+
+
+def byte_span(t: torch.Tensor) -> tuple[int, int] | None:
+    """``[first, last)`` addresses of the bytes ``t`` can touch (None when it has no elements)."""
+    if t.numel() == 0:
+        return None
+    lo = hi = 0
+    for size, stride in zip(t.shape, t.stride()):
+        extent = (size - 1) * stride
+        lo, hi = (lo + extent, hi) if extent < 0 else (lo, hi + extent)
+    item = t.element_size()
+    return t.data_ptr() + lo * item, t.data_ptr() + (hi + 1) * item
+
+
+def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' byte spans intersect on one device (conservative: interleaved views of
+    disjoint elements, such as the even and odd columns of one buffer, count as overlapping)."""
+    if a.device != b.device or a.device.type == "meta":
+        return False
+    sa, sb = byte_span(a), byte_span(b)
+    return sa is not None and sb is not None and sa[0] < sb[1] and sb[0] < sa[1]
+
+
+def self_overlapping(t: torch.Tensor) -> bool:
+    """Whether two index tuples of ``t`` may address one element (an expanded or overlapping view)."""
+    dims = sorted((abs(stride), size) for size, stride in zip(t.shape, t.stride()) if size > 1)
+    reach = 0                           # elements spanned by the dims with smaller strides
+    for stride, size in dims:
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
+
+
+def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
+            and a.stride() == b.stride())
 
 
 def _dtype_name(d) -> str:
@@ -81,14 +122,25 @@ class Checker:
         return value
 
     def float_arg(self, name: str, value, *, positive: bool = False, tensor_ok: bool = False) -> None:
+        """A finite float (``> 0`` with ``positive``); with ``tensor_ok`` also a 1-element fp32 tensor,
+        whose value is checked under the value-check policy."""
         if tensor_ok and isinstance(value, torch.Tensor):
             self.tensor(name, value, dtype=torch.float32, shape=(1,))
+            if positive:
+                self.finite_positive(name, value)
             return
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             kinds = "a float or a 1-element fp32 tensor" if tensor_ok else "a float"
             self.fail(name, f"must be {kinds}, got {describe(value)}")
+        if not math.isfinite(value):
+            self.fail(name, f"must be finite, got {value}")
         if positive and not value > 0:
             self.fail(name, f"must be > 0, got {value}")
+
+    def size_limit(self, name: str, value: int, limit: int = INT32_MAX, what: str = "size") -> None:
+        """A size the kernels index with int32 (``value <= limit``)."""
+        if value > limit:
+            self.fail(name, f"{what} must be at most {limit} (the kernels index it with int32), got {value}")
 
     def bool_arg(self, name: str, value) -> bool:
         if not isinstance(value, bool):
@@ -115,6 +167,18 @@ class Checker:
             bounds = f"[{lo}, {hi})" if lo is not None else f"(-inf, {hi})"
             self.fail(name, f"{what} must lie in {bounds}{extra}, found {first}")
 
+    def finite_positive(self, name: str, t: torch.Tensor | None, what: str = "scales") -> None:
+        """Every element finite and > 0 (quantization scales)."""
+        if t is None or t.numel() == 0 or not self.values_checked(t):
+            return
+        bad = ~(torch.isfinite(t) & (t > 0))
+        if bool(bad.any()):
+            self.fail(name, f"{what} must be finite and > 0, found {t[bad].flatten()[0].item()}")
+
+    def not_nan(self, name: str, t: torch.Tensor | None) -> None:
+        if t is not None and t.numel() and self.values_checked(t) and bool(t.isnan().any()):
+            self.fail(name, "must not contain NaN (+-inf are allowed)")
+
     def not_above(self, name: str, t: torch.Tensor, other_name: str, other: torch.Tensor) -> None:
         """Element-wise ``t <= other`` (a range start never past its end)."""
         if t.numel() == 0 or not self.values_checked(t):
@@ -124,6 +188,25 @@ class Checker:
             row = int(bad.nonzero()[0, 0])
             self.fail(name, f"must not exceed '{other_name}' (a range start past its end), found "
                             f"{int(t[row])} > {int(other[row])} at row {row}")
+
+    # -- aliasing -------------------------------------------------------------------------------
+    def disjoint(self, a, name: str, others: Sequence[str] | None = None, same_ok: Sequence[str] = ()) -> None:
+        """The written tensor ``a.<name>`` must not overlap itself nor any other tensor of ``a``
+        (``others``: only those), except being exactly the same view as an argument in ``same_ok``
+        (the in-place forms the contract allows)."""
+        t = getattr(a, name)
+        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+            return
+        if self_overlapping(t):
+            self.fail(name, f"is written and must not overlap itself (an expanded view), got strides {t.stride()}")
+        for other in (others if others is not None else a._fields):
+            u = getattr(a, other)
+            if other == name or not isinstance(u, torch.Tensor) or not may_overlap(t, u):
+                continue
+            if other in same_ok and same_view(t, u):
+                continue
+            allowed = f" (only the very same view as '{other}' is allowed)" if other in same_ok else ""
+            self.fail(name, f"is written and must not overlap '{other}' in memory{allowed}")
 
     def out_buffer(self, t, *, dtype, shape: tuple[int, ...]):
         if t is None:

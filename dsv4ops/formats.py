@@ -245,20 +245,29 @@ def to_global_indices(local: torch.Tensor, block_table: torch.Tensor, token_to_r
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """Map request-local compressed indices to cache indices for ``sparse_mla_decode``.
 
-    local int32 ``[T, k]`` (-1 = none), block_table int32 ``[num_reqs, max_blocks]``,
-    token_to_req int ``[T]``, is_valid_token bool ``[T]`` (default all valid).
-    Returns (global int32 ``[T, k]`` = ``block_table[r, l // bs] * bs + l % bs`` or -1,
-    lens int32 ``[T]`` = number of valid entries, 0 for invalid tokens).
+    local int32 ``[T, k]`` (negative = none), block_table int32 ``[num_reqs, max_blocks]`` (any
+    strides), token_to_req int ``[T]``, is_valid_token bool ``[T]`` (default all valid).
+    An entry is kept when it is >= 0, its token's request id is in ``[0, num_reqs)`` and its block
+    ``l // bs`` is in ``[0, max_blocks)``; kept entries become ``block_table[r, l // bs] * bs + l % bs``
+    and are packed to the left of the row (in their order), -1 after them (vLLM's
+    ``compute_global_topk_indices_and_lens`` contract).
+    Returns (global int32 ``[T, k]``, lens int32 ``[T]`` = kept entries, 0 for invalid tokens).
     """
-    valid = local >= 0
-    safe = torch.where(valid, local, torch.zeros_like(local)).to(torch.int64)
-    rows = block_table[token_to_req.to(torch.int64)].to(torch.int64)
-    pages = torch.gather(rows, 1, safe // block_size)
-    glob = torch.where(valid, pages * block_size + safe % block_size, -1).to(torch.int32)
-    lens = valid.sum(1, dtype=torch.int32)
+    num_reqs, max_blocks = block_table.shape
+    req = token_to_req.to(torch.int64)
+    block = local.to(torch.int64).div(block_size, rounding_mode="floor")
+    keep = (local >= 0) & (block < max_blocks) & ((req >= 0) & (req < num_reqs))[:, None]
+    if block_table.numel():
+        rows = block_table[req.clamp(0, num_reqs - 1)].to(torch.int64)
+        pages = torch.gather(rows, 1, torch.where(keep, block, 0))
+    else:
+        pages = torch.zeros_like(block)
+    glob = torch.where(keep, pages * block_size + local.to(torch.int64) % block_size, -1).to(torch.int32)
+    order = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices     # kept entries first
+    lens = keep.sum(1, dtype=torch.int32)
     if is_valid_token is not None:
         lens = torch.where(is_valid_token, lens, torch.zeros_like(lens))
-    return glob, lens
+    return glob.gather(1, order), lens
 
 
 __all__ = [

@@ -85,12 +85,56 @@ def test_to_global_indices_matches_loop():
     valid_tok = torch.tensor([True, True, False])
     glob, lens = formats.to_global_indices(local, block_table, token_to_req, 64, valid_tok)
     for t in range(3):
-        for i in range(4):
-            l = int(local[t, i])
-            want = -1 if l < 0 else int(block_table[token_to_req[t], l // 64]) * 64 + l % 64
-            assert glob[t, i].item() == want
+        kept = [int(block_table[token_to_req[t], l // 64]) * 64 + l % 64 for l in local[t].tolist() if l >= 0]
+        assert glob[t].tolist() == kept + [-1] * (4 - len(kept))          # survivors packed left
     assert lens.tolist() == [3, 1, 0]
     assert glob.dtype == torch.int32
+
+
+# vLLM's contract for compute_global_topk_indices_and_lens (its cases, block size 64): request ids
+# and block indices outside the table become -1, are not counted, survivors are packed left.
+# (local, token_to_req, block_table, expected global, expected lens).
+GLOBAL_CASES = {
+    "valid_unchanged": ([[0, 64, -1, -1]], [0], [[10, 11, 12, 13]], [[640, 704, -1, -1]], [2]),
+    "req_equal_rows": ([[0, -1, -1, -1]], [1], [[10, 11, 12, 13]], [[-1, -1, -1, -1]], [0]),
+    "req_above_rows": ([[0, -1, -1, -1]], [5], [[10, 11]], [[-1, -1, -1, -1]], [0]),
+    "req_negative": ([[0, -1, -1, -1]], [-1], [[10, 11, 12, 13]], [[-1, -1, -1, -1]], [0]),
+    "block_equal_cols": ([[128, -1, -1, -1]], [0], [[10, 11]], [[-1, -1, -1, -1]], [0]),
+    "block_above_cols": ([[256, -1, -1, -1]], [0], [[10, 11]], [[-1, -1, -1, -1]], [0]),
+    "negative_local": ([[-5, -1, -1, -1]], [0], [[10, 11, 12, 13]], [[-1, -1, -1, -1]], [0]),
+    "row_out_of_range_no_alias": ([[0, -1, -1, -1], [0, -1, -1, -1]], [0, 1], [[10, 11, 12, 13]],
+                                  [[640, -1, -1, -1], [-1, -1, -1, -1]], [1, 0]),
+    "column_oob_beside_valid": ([[0, 128, -1, -1]], [0], [[10, 11]], [[640, -1, -1, -1]], [1]),
+    "invalid_before_valid_packs_left": ([[128, 64, -1, -1]], [0], [[10, 11]], [[704, -1, -1, -1]], [1]),
+    "padded_table_rows": ([[0, -1, -1, -1], [64, -1, -1, -1]], [0, 1], [[10, 11, 12, 13], [90, 91, 92, 93]],
+                          [[640, -1, -1, -1], [91 * 64, -1, -1, -1]], [1, 1]),
+    "prefill_multi_request": ([[0, -1, -1, -1], [0, -1, -1, -1], [64, -1, -1, -1]], [0, 1, 1],
+                              [[10, 11], [20, 21]], [[640, -1, -1, -1], [1280, -1, -1, -1], [1344, -1, -1, -1]],
+                              [1, 1, 1]),
+}
+
+
+@pytest.mark.parametrize("name", list(GLOBAL_CASES))
+def test_to_global_indices_bounds(name):
+    local, req, table, want, want_lens = GLOBAL_CASES[name]
+    i32 = dict(dtype=torch.int32)
+    glob, lens = formats.to_global_indices(torch.tensor(local, **i32), torch.tensor(table, **i32),
+                                           torch.tensor(req, **i32), 64, torch.ones(len(req), dtype=torch.bool))
+    assert glob.tolist() == want and lens.tolist() == want_lens
+
+
+def test_to_global_indices_columns_are_the_logical_width():
+    """A table sliced from a wider buffer: its shape[1], not its row stride, bounds the blocks."""
+    table = torch.tensor([[10, 11, 12]], dtype=torch.int32)[:, :2]
+    glob, lens = formats.to_global_indices(torch.tensor([[128, 64, -1, -1]], dtype=torch.int32), table,
+                                           torch.tensor([0]), 64)
+    assert glob.tolist() == [[704, -1, -1, -1]] and lens.tolist() == [1]
+
+
+def test_to_global_indices_empty_table():
+    glob, lens = formats.to_global_indices(torch.tensor([[0, 3]], dtype=torch.int32),
+                                           torch.empty(0, 4, dtype=torch.int32), torch.tensor([0]), 64)
+    assert glob.tolist() == [[-1, -1]] and lens.tolist() == [0]
 
 
 def test_pack_ue8m0_scales():

@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from dsv4ops import formats
-from dsv4ops.backend_support import decode_output, topk_output
+from dsv4ops.backend_support import decode_output, dense, topk_output
 from dsv4ops.ops._rows import row_bounds
 
 SINK_CLAMP = 1e30
@@ -114,7 +114,8 @@ def indexer_topk(a):
         logits = logits.contiguous()
     starts, ends = row_bounds(a.row_starts, a.row_ends, a.seq_lens, a.next_n)
     if a.seq_lens is not None and a.seq_lens.dim() == 1:
-        top_k_per_row_decode(logits, a.next_n, a.seq_lens, result, R, logits.stride(0), logits.stride(1), k=a.k)
+        top_k_per_row_decode(logits, a.next_n, dense(a.seq_lens), result, R, logits.stride(0), logits.stride(1),
+                             k=a.k)
     else:
         top_k_per_row_prefill(logits, starts.to(torch.int32), ends.to(torch.int32), result, None, R,
                               logits.stride(0), logits.stride(1), k=a.k)

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from dsv4ops.backend_support import decode_output, pad_heads
+from dsv4ops.backend_support import decode_output, dense, pad_heads
 from dsv4ops.formats import DS_MLA_TOKEN_BYTES
 from dsv4ops.quant import as_float
 
@@ -54,7 +54,7 @@ def decode_trtllm(a):
         return result, None
     Hp = trtllm_heads(H)
     query, sinks = pad_heads(a.q, a.attn_sink, Hp)
-    swa = a.indices
+    swa = dense(a.indices)
     if a.topk_lens is not None:
         # seq_lens >= q_len (1) is validated by FlashInfer: a token with no SWA entry gets seq_lens 1
         # and a -1 in its first SWA column instead (-1 columns are never attended).
@@ -109,9 +109,9 @@ def decode_sm120(a):
 
     def run(output, sink):
         sparse_mla_sm120_decode_dsv4(
-            a.q, cache, a.indices, mid_out, mid_lse, output, lse, a.softmax_scale, topk_length=a.topk_lens,
-            attn_sink=sink, extra_kv_cache=extra_cache, extra_indices=a.extra_indices,
-            extra_topk_length=a.extra_topk_lens, lse_scale=math.log(2.0))
+            a.q, cache, dense(a.indices), mid_out, mid_lse, output, lse, a.softmax_scale,
+            topk_length=dense(a.topk_lens), attn_sink=dense(sink), extra_kv_cache=extra_cache,
+            extra_indices=dense(a.extra_indices), extra_topk_length=dense(a.extra_topk_lens), lse_scale=math.log(2.0))
 
     if a.need_lse and a.attn_sink is not None:
         run(torch.empty_like(result), None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from dsv4ops import formats
-from dsv4ops.backend_support import decode_output, pad_heads
+from dsv4ops.backend_support import decode_output, dense, pad_heads
 
 
 def padded_heads(H: int) -> int:
@@ -33,12 +33,14 @@ def sparse_mla_decode(a):
     extra = {}
     if a.extra_kv_cache is not None:
         extra = dict(extra_k_cache=cache_view(a.extra_kv_cache, a.extra_block_size),
-                     extra_indices_in_kvcache=a.extra_indices.unsqueeze(1), extra_topk_length=a.extra_topk_lens)
+                     extra_indices_in_kvcache=dense(a.extra_indices).unsqueeze(1),
+                     extra_topk_length=dense(a.extra_topk_lens))
     sched, _ = flash_mla.get_mla_metadata()
     o, lse = flash_mla.flash_mla_with_kvcache(
         q_p.unsqueeze(1), cache_view(a.kv_cache, a.block_size), None, None, head_dim_v=512,
         tile_scheduler_metadata=sched, num_splits=None, softmax_scale=a.softmax_scale, causal=False,
-        is_fp8_kvcache=True, indices=a.indices.unsqueeze(1), attn_sink=sink_p, topk_length=a.topk_lens, **extra)
+        is_fp8_kvcache=True, indices=dense(a.indices).unsqueeze(1), attn_sink=sink_p, topk_length=dense(a.topk_lens),
+        **extra)
     o = o[:, 0, :H]
     lse = lse[:, :H, 0].contiguous() if a.need_lse else None
     if a.out is None:

@@ -55,15 +55,7 @@ BACKEND.implements("sparse_mla_prefill", f"{_P}.sparse_mla_prefill:sparse_mla_pr
                    supports=all_of(runs_here, fp8_flavour_matches))
 
 
-def next_n_power_of_two(plat: Platform, call) -> str | None:
-    next_n = call.q.shape[1]
-    if next_n & (next_n - 1):
-        return f"next_n={next_n} is not a power of two"
-    return None
-
-
-BACKEND.implements("paged_mqa_logits", f"{_P}.paged_mqa_logits:paged_mqa_logits",
-                   supports=all_of(runs_here, next_n_power_of_two))
+BACKEND.implements("paged_mqa_logits", f"{_P}.paged_mqa_logits:paged_mqa_logits", supports=runs_here)
 BACKEND.implements("fp8_einsum", f"{_P}.fp8_einsum:fp8_einsum", supports=runs_here)
 BACKEND.implements("indexer_topk", f"{_P}.indexer_topk:indexer_topk", supports=runs_here)
 BACKEND.implements("inv_rope_fp8_quant", f"{_P}.inv_rope_fp8_quant:inv_rope_fp8_quant", supports=runs_here)

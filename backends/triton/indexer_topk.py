@@ -28,17 +28,18 @@ def _sort_key(x):
 
 
 @triton.jit
-def _row_range(row, starts_ptr, ends_ptr, lens_ptr, next_n, MODE: tl.constexpr):
-    """MODE 0: [row_starts, row_ends); 1: 1-D decode lengths (causal MTP rule); 2: 2-D decode lengths."""
+def _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE: tl.constexpr):
+    """MODE 0: [row_starts, row_ends); 1: 1-D decode lengths (causal MTP rule); 2: 2-D decode lengths
+    ``[B, next_n]``. Strides: of row_starts and row_ends in MODE 0, of seq_lens' two dims otherwise."""
     if MODE == 0:
-        start = tl.load(starts_ptr + row)
-        end = tl.load(ends_ptr + row)
+        start = tl.load(starts_ptr + row * stride_0)
+        end = tl.load(ends_ptr + row * stride_1)
     elif MODE == 1:
         start = 0
-        end = tl.maximum(tl.load(lens_ptr + row // next_n) - next_n + row % next_n + 1, 0)
+        end = tl.maximum(tl.load(lens_ptr + (row // next_n) * stride_0) - next_n + row % next_n + 1, 0)
     else:
         start = 0
-        end = tl.load(lens_ptr + row)
+        end = tl.load(lens_ptr + (row // next_n) * stride_0 + (row % next_n) * stride_1)
     return start, tl.maximum(end, start)
 
 
@@ -57,12 +58,13 @@ def _candidates(src, stride_c, cand_row, p, lo, hi, GATHER: tl.constexpr):
 
 
 @triton.jit
-def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, next_n, cand_ptr,
+def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1,
+                         next_n, cand_ptr,
                          n_cand, out_ptr, out_stride, k, chunk,
                          MODE: tl.constexpr, GATHER: tl.constexpr, LOCAL: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
-    start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, next_n, MODE)
+    start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
     src = logits_ptr + row * stride_r
     cand_row = cand_ptr + row * n_cand
     if GATHER:
@@ -118,22 +120,24 @@ def indexer_topk(a):
     out = topk_output(a)
     if R == 0:
         return out
-    mode = 0 if a.seq_lens is None else (2 if a.seq_lens.dim() == 2 else 1)
     tune = tuning(platform(a.logits.device))
-    starts = a.row_starts if a.row_starts is not None else out
-    ends = a.row_ends if a.row_ends is not None else out
-    lens = a.seq_lens if a.seq_lens is not None else out
+    if a.seq_lens is None:
+        mode, starts, ends, lens, next_n = 0, a.row_starts, a.row_ends, out, 1
+        strides = (a.row_starts.stride(0), a.row_ends.stride(0))
+    else:
+        two_d = a.seq_lens.dim() == 2
+        mode, starts, ends, lens = (2 if two_d else 1), out, out, a.seq_lens
+        next_n = a.seq_lens.shape[1] if two_d else a.next_n
+        strides = (a.seq_lens.stride(0), a.seq_lens.stride(1) if two_d else 0)
+    rows = (a.logits, a.logits.stride(0), a.logits.stride(1), starts, ends, lens, *strides, next_n)
     common = dict(MODE=mode, BLOCK=tune.topk_block, num_warps=tune.topk_warps)
     chunk = max(tune.topk_chunk, a.k)
     chunks = triton.cdiv(W, chunk)
     if chunks <= 2:                              # one program per row
-        _indexer_topk_kernel[(R, 1)](a.logits, a.logits.stride(0), a.logits.stride(1), starts, ends, lens, a.next_n, out, 0,
-                                     out, a.k, a.k, W, GATHER=False, LOCAL=True, **common)
+        _indexer_topk_kernel[(R, 1)](*rows, out, 0, out, a.k, a.k, W, GATHER=False, LOCAL=True, **common)
         return out
     n_cand = chunks * a.k                          # stage 1: each chunk's k largest columns
     cand = torch.empty(R, n_cand, dtype=torch.int32, device=a.logits.device)
-    _indexer_topk_kernel[(R, chunks)](a.logits, a.logits.stride(0), a.logits.stride(1), starts, ends, lens, a.next_n, cand,
-                                      0, cand, n_cand, a.k, chunk, GATHER=False, LOCAL=False, **common)
-    _indexer_topk_kernel[(R, 1)](a.logits, a.logits.stride(0), a.logits.stride(1), starts, ends, lens, a.next_n, cand, n_cand,
-                                 out, a.k, a.k, W, GATHER=True, LOCAL=True, **common)
+    _indexer_topk_kernel[(R, chunks)](*rows, cand, 0, cand, n_cand, a.k, chunk, GATHER=False, LOCAL=False, **common)
+    _indexer_topk_kernel[(R, 1)](*rows, cand, n_cand, out, a.k, a.k, W, GATHER=True, LOCAL=True, **common)
     return out

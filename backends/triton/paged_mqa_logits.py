@@ -1,5 +1,7 @@
 """Triton op 3: one program per (request, block of compressed tokens). It gathers the block's
-fp8 keys once and scores every (MTP row, head) of the request against them with one tl.dot."""
+fp8 keys once and scores every (MTP row, head) of the request against them with one tl.dot
+(next_n padded to a power of two, padding rows masked). weights, context_lens and block_table are
+read through their strides."""
 from __future__ import annotations
 
 import torch
@@ -12,38 +14,41 @@ from .tuning import tuning
 
 
 @triton.jit
-def _paged_mqa_logits_kernel(q_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, H, max_blocks, block_size,
-                             width, LENS_2D: tl.constexpr, CLEAN: tl.constexpr, NEXT_N: tl.constexpr,
+def _paged_mqa_logits_kernel(q_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, H, next_n, block_size, width,
+                             stride_w0, stride_w1, stride_l0, stride_l1, stride_t0, stride_t1,
+                             LENS_2D: tl.constexpr, CLEAN: tl.constexpr, NEXT_N_PAD: tl.constexpr,
                              H_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     t0 = tl.program_id(1) * BLOCK_T
     t = t0 + tl.arange(0, BLOCK_T)
-    j = tl.arange(0, NEXT_N)
+    j = tl.arange(0, NEXT_N_PAD)
+    live_j = j < next_n
     if LENS_2D:
-        limit = tl.load(lens_ptr + b * NEXT_N + j)
+        limit = tl.load(lens_ptr + b * stride_l0 + j * stride_l1, mask=live_j, other=0)
     else:
-        limit = tl.maximum(tl.load(lens_ptr + b) - NEXT_N + j + 1, 0)
+        limit = tl.where(live_j, tl.maximum(tl.load(lens_ptr + b * stride_l0) - next_n + j + 1, 0), 0)
     row_max = tl.max(limit, axis=0)
-    out_rows = out_ptr + (b * NEXT_N + j).to(tl.int64)[:, None] * width + t[None, :]
-    in_width = (t < width)[None, :]
+    out_rows = out_ptr + (b * next_n + j)[:, None] * width + t[None, :]
+    in_width = live_j[:, None] & (t < width)[None, :]
     if t0 < row_max:
         live_t = t < row_max
-        page = tl.load(table_ptr + b * max_blocks + t // block_size, mask=live_t, other=0).to(tl.int64)
+        page = tl.load(table_ptr + b * stride_t0 + (t // block_size).to(tl.int64) * stride_t1, mask=live_t,
+                       other=0).to(tl.int64)
         page_base = cache_ptr + page * (block_size * 132)
         d = tl.arange(0, 128)
         keys = tl.load((page_base + (t % block_size) * 128)[:, None] + d[None, :], mask=live_t[:, None], other=0)
         keys = keys.to(tl.float8e4nv, bitcast=True)
         scale = tl.load((page_base + block_size * 128 + (t % block_size) * 4).to(tl.pointer_type(tl.float32)),
                         mask=live_t, other=0.0)
-        r = tl.arange(0, NEXT_N * H_PAD)
+        r = tl.arange(0, NEXT_N_PAD * H_PAD)
         jj = r // H_PAD
         hh = r % H_PAD
-        live_r = hh < H
-        q = tl.load(q_ptr + ((b * NEXT_N + jj) * H + hh).to(tl.int64)[:, None] * 128 + d[None, :],
-                    mask=live_r[:, None], other=0.0)
+        live_r = (hh < H) & (jj < next_n)
+        row = b * next_n + jj
+        q = tl.load(q_ptr + (row * H + hh)[:, None] * 128 + d[None, :], mask=live_r[:, None], other=0.0)
         s = tl.dot(q, tl.trans(keys)) * scale[None, :]
-        w = tl.load(w_ptr + (b * NEXT_N + jj) * H + hh, mask=live_r, other=0.0)
-        weighted = tl.reshape(tl.maximum(s, 0.0) * w[:, None], (NEXT_N, H_PAD, BLOCK_T))
+        w = tl.load(w_ptr + row * stride_w0 + hh.to(tl.int64) * stride_w1, mask=live_r, other=0.0)
+        weighted = tl.reshape(tl.maximum(s, 0.0) * w[:, None], (NEXT_N_PAD, H_PAD, BLOCK_T))
         logits = tl.sum(weighted, axis=1)
         valid = t[None, :] < limit[:, None]
         if CLEAN:
@@ -51,7 +56,7 @@ def _paged_mqa_logits_kernel(q_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_p
         else:
             tl.store(out_rows, logits, mask=in_width & valid)
     elif CLEAN:
-        tl.store(out_rows, tl.full((NEXT_N, BLOCK_T), float("-inf"), tl.float32), mask=in_width)
+        tl.store(out_rows, tl.full((NEXT_N_PAD, BLOCK_T), float("-inf"), tl.float32), mask=in_width)
 
 
 def paged_mqa_logits(a):
@@ -62,10 +67,12 @@ def paged_mqa_logits(a):
     tune = tuning(platform(a.q.device))
     BLOCK_T = tune.logits_block_t
     h_pad = max(16, triton.next_power_of_2(H))
+    lens = a.context_lens
     grid = (B, triton.cdiv(a.max_context_len, BLOCK_T))
     _paged_mqa_logits_kernel[grid](
-        a.q, a.kv_cache, a.weights, a.context_lens, a.block_table, out, H, a.block_table.shape[1], a.kv_cache.shape[1],
-        a.max_context_len, LENS_2D=a.context_lens.dim() == 2, CLEAN=a.clean, NEXT_N=next_n, H_PAD=h_pad,
-        BLOCK_T=BLOCK_T, num_warps=tune.logits_warps,
+        a.q, a.kv_cache, a.weights, lens, a.block_table, out, H, next_n, a.kv_cache.shape[1], a.max_context_len,
+        a.weights.stride(0), a.weights.stride(1), lens.stride(0), lens.stride(-1), a.block_table.stride(0),
+        a.block_table.stride(1), LENS_2D=lens.dim() == 2, CLEAN=a.clean, NEXT_N_PAD=triton.next_power_of_2(next_n),
+        H_PAD=h_pad, BLOCK_T=BLOCK_T, num_warps=tune.logits_warps,
     )
     return out

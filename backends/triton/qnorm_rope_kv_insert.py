@@ -22,7 +22,7 @@ def _rope(e, o, cos, sin):
 
 @triton.jit
 def _qnorm_rope_kv_insert_kernel(
-    q_ptr, kv_ptr, kv_stride, pos_ptr, cs_ptr, cache_ptr, slot_ptr, out_ptr, n_kv, H, eps,
+    q_ptr, kv_ptr, kv_stride, pos_ptr, pos_stride, cs_ptr, cache_ptr, slot_ptr, slot_stride, out_ptr, n_kv, H, eps,
     kv_scale, q_scale, block_size, page_bytes,
     LAYOUT: tl.constexpr, FNUZ: tl.constexpr, KV_SCALE_PTR: tl.constexpr, Q_SCALE_PTR: tl.constexpr,
     FP8_MAX: tl.constexpr,
@@ -30,7 +30,7 @@ def _qnorm_rope_kv_insert_kernel(
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     i = tl.arange(0, 32)
-    pos = tl.load(pos_ptr + t)
+    pos = tl.load(pos_ptr + t * pos_stride)
     cos = tl.load(cs_ptr + pos * 64 + i)
     sin = tl.load(cs_ptr + pos * 64 + 32 + i)
     fp8: tl.constexpr = tl.float8e4b8 if FNUZ else tl.float8e4nv
@@ -57,7 +57,7 @@ def _qnorm_rope_kv_insert_kernel(
             tl.store(dst + 448 + 2 * i, e2.to(tl.bfloat16))
             tl.store(dst + 449 + 2 * i, o2.to(tl.bfloat16))
     elif t < n_kv:
-        slot = tl.load(slot_ptr + t)
+        slot = tl.load(slot_ptr + t * slot_stride)
         if slot >= 0:
             src = kv_ptr + t * kv_stride
             e, o = _rope(tl.load(src + 448 + 2 * i).to(tl.float32), tl.load(src + 449 + 2 * i).to(tl.float32), cos, sin)
@@ -109,7 +109,8 @@ def qnorm_rope_kv_insert(a):
     qs, qs_ptr = scalar_arg(a.q_scale)
     page_bytes = layout.page_bytes(a.block_size) if layout.is_ds_mla else 0
     _qnorm_rope_kv_insert_kernel[(T, H + 1)](
-        a.q, a.kv, a.kv.stride(0), a.positions, a.cos_sin_cache, a.kv_cache, a.slot_mapping, out, a.slot_mapping.shape[0], H,
+        a.q, a.kv, a.kv.stride(0), a.positions, a.positions.stride(0), a.cos_sin_cache, a.kv_cache, a.slot_mapping,
+        a.slot_mapping.stride(0), out, a.slot_mapping.shape[0], H,
         a.eps, ks, qs, a.block_size, page_bytes,
         LAYOUT=layout.kind, FNUZ=layout.fp8_flavour == "fnuz", KV_SCALE_PTR=ks_ptr, Q_SCALE_PTR=qs_ptr,
         FP8_MAX=FP8_MAX[layout.fp8_flavour or "ocp"],

@@ -58,11 +58,11 @@ def _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT: tl.const
 
 
 @triton.jit
-def _attend_block(q, m, l, acc, t, idx_ptr, length, topk, cache_ptr, block_size, page_bytes, b, qk_scale,
-                  LAYOUT: tl.constexpr, FNUZ: tl.constexpr, BLOCK_K: tl.constexpr):
+def _attend_block(q, m, l, acc, t, idx_ptr, idx_s0, idx_s1, length, topk, cache_ptr, block_size, page_bytes, b,
+                  qk_scale, LAYOUT: tl.constexpr, FNUZ: tl.constexpr, BLOCK_K: tl.constexpr):
     """Online-softmax step over index block ``b`` of one segment; scores in base 2."""
     j = b * BLOCK_K + tl.arange(0, BLOCK_K)
-    slots = tl.load(idx_ptr + t * topk + j, mask=j < topk, other=-1)
+    slots = tl.load(idx_ptr + t * idx_s0 + j.to(tl.int64) * idx_s1, mask=j < topk, other=-1)
     valid = (slots != -1) & (j < length)
     k = _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT, FNUZ, BLOCK_K)
     s = tl.dot(q, tl.trans(k)) * qk_scale
@@ -77,18 +77,18 @@ def _attend_block(q, m, l, acc, t, idx_ptr, length, topk, cache_ptr, block_size,
 
 
 @triton.jit
-def _segment_length(lens_ptr, t, topk, HAS_LENS: tl.constexpr):
+def _segment_length(lens_ptr, lens_stride, t, topk, HAS_LENS: tl.constexpr):
     length = topk
     if HAS_LENS:
-        length = tl.minimum(tl.load(lens_ptr + t), topk)
+        length = tl.minimum(tl.load(lens_ptr + t * lens_stride), topk)
     return length
 
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, H, cache_ptr, idx_ptr, lens_ptr, topk, block_size, page_bytes,
-    x_cache_ptr, x_idx_ptr, x_lens_ptr, x_topk, x_block_size, x_page_bytes,
-    sink_ptr, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, sm_scale, q_scale, kv_scale, blocks_per_split,
+    q_ptr, H, cache_ptr, idx_ptr, idx_s0, idx_s1, lens_ptr, lens_s, topk, block_size, page_bytes,
+    x_cache_ptr, x_idx_ptr, x_idx_s0, x_idx_s1, x_lens_ptr, x_lens_s, x_topk, x_block_size, x_page_bytes,
+    sink_ptr, sink_s, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, sm_scale, q_scale, kv_scale, blocks_per_split,
     HAS_LENS: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_X_LENS: tl.constexpr, HAS_SINK: tl.constexpr,
     LAYOUT: tl.constexpr, FNUZ: tl.constexpr, SPLIT: tl.constexpr, Q_SCALE_PTR: tl.constexpr,
     KV_SCALE_PTR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -110,18 +110,18 @@ def _decode_kernel(
     l = tl.zeros((BLOCK_H,), tl.float32)
     acc = tl.zeros((BLOCK_H, 512), tl.float32)
     n_main = tl.cdiv(topk, BLOCK_K)
-    length = _segment_length(lens_ptr, t, topk, HAS_LENS)
-    x_length = _segment_length(x_lens_ptr, t, x_topk, HAS_X_LENS)
+    length = _segment_length(lens_ptr, lens_s, t, topk, HAS_LENS)
+    x_length = _segment_length(x_lens_ptr, x_lens_s, t, x_topk, HAS_X_LENS)
     for i in range(0, blocks_per_split):          # blocks of the SWA segment, then of the extra one
         b = split * blocks_per_split + i
         if b < n_main:
-            m, l, acc = _attend_block(q, m, l, acc, t, idx_ptr, length, topk, cache_ptr, block_size,
-                                      page_bytes, b, qk_scale, LAYOUT, FNUZ, BLOCK_K)
+            m, l, acc = _attend_block(q, m, l, acc, t, idx_ptr, idx_s0, idx_s1, length, topk, cache_ptr,
+                                      block_size, page_bytes, b, qk_scale, LAYOUT, FNUZ, BLOCK_K)
         elif HAS_EXTRA:
             if b - n_main < tl.cdiv(x_topk, BLOCK_K):
-                m, l, acc = _attend_block(q, m, l, acc, t, x_idx_ptr, x_length, x_topk, x_cache_ptr,
-                                          x_block_size, x_page_bytes, b - n_main, qk_scale, LAYOUT, FNUZ,
-                                          BLOCK_K)
+                m, l, acc = _attend_block(q, m, l, acc, t, x_idx_ptr, x_idx_s0, x_idx_s1, x_length, x_topk,
+                                          x_cache_ptr, x_block_size, x_page_bytes, b - n_main, qk_scale, LAYOUT,
+                                          FNUZ, BLOCK_K)
 
     empty = l == 0.0
     o = acc / tl.where(empty, 1.0, l)[:, None]
@@ -133,14 +133,14 @@ def _decode_kernel(
         tl.store(part_o_ptr + row[:, None] * 512 + col[None, :], o, mask=live[:, None])
         tl.store(part_lse_ptr + row, lse, mask=live)
     else:
-        _finish(o, lse, empty, heads, live, t, H, sink_ptr, out_ptr, lse_ptr, HAS_SINK)
+        _finish(o, lse, empty, heads, live, t, H, sink_ptr, sink_s, out_ptr, lse_ptr, HAS_SINK)
 
 
 @triton.jit
-def _finish(o, lse, empty, heads, live, t, H, sink_ptr, out_ptr, lse_ptr, HAS_SINK: tl.constexpr):
+def _finish(o, lse, empty, heads, live, t, H, sink_ptr, sink_s, out_ptr, lse_ptr, HAS_SINK: tl.constexpr):
     """Apply the sink (lse excludes it) and the lonely-row rule; write bf16 out and fp32 lse."""
     if HAS_SINK:
-        sink = tl.load(sink_ptr + heads, mask=live, other=float("-inf"))
+        sink = tl.load(sink_ptr + heads * sink_s, mask=live, other=float("-inf"))
         o = o / (1.0 + tl.exp(tl.where(empty, 0.0, sink - lse)))[:, None]
     o = tl.where(empty[:, None], 0.0, o)
     col = tl.arange(0, 512)
@@ -149,7 +149,7 @@ def _finish(o, lse, empty, heads, live, t, H, sink_ptr, out_ptr, lse_ptr, HAS_SI
 
 
 @triton.jit
-def _combine_kernel(part_o_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr, H, n_splits,
+def _combine_kernel(part_o_ptr, part_lse_ptr, sink_ptr, sink_s, out_ptr, lse_ptr, H, n_splits,
                     HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -170,7 +170,7 @@ def _combine_kernel(part_o_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr, H, n_s
     empty = total == 0.0
     o = o / tl.where(empty, 1.0, total)[:, None]
     lse = tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, total)))
-    _finish(o, lse, empty, heads, live, t, H, sink_ptr, out_ptr, lse_ptr, HAS_SINK)
+    _finish(o, lse, empty, heads, live, t, H, sink_ptr, sink_s, out_ptr, lse_ptr, HAS_SINK)
 
 
 def choose_splits(T: int, head_blocks: int, index_blocks: int, device: torch.device, waves: int) -> int:
@@ -215,19 +215,31 @@ def attend(a, BLOCK_H: int, BLOCK_K: int, warps: int, stages: int, waves: int):
     qs, qs_ptr = scalar_arg(a.q_scale)
     ks, ks_ptr = scalar_arg(a.kv_scale)
     dummy = a.indices
+    lens, x_idx, x_lens = a.topk_lens, a.extra_indices, a.extra_topk_lens
+    sink = a.attn_sink if a.attn_sink is not None else lse
+    sink_s = a.attn_sink.stride(0) if a.attn_sink is not None else 0
     _decode_kernel[(T * head_blocks, splits)](
-        a.q, H, a.kv_cache, a.indices, a.topk_lens if a.topk_lens is not None else dummy, topk, a.block_size, page,
-        a.extra_kv_cache if has_extra else a.kv_cache, a.extra_indices if has_extra else dummy,
-        a.extra_topk_lens if a.extra_topk_lens is not None else dummy, x_topk, a.extra_block_size or 1, x_page,
-        a.attn_sink if a.attn_sink is not None else lse, out, lse, part_o, part_lse, a.softmax_scale, qs, ks, per_split,
-        HAS_LENS=a.topk_lens is not None, HAS_EXTRA=has_extra, HAS_X_LENS=a.extra_topk_lens is not None,
+        a.q, H, a.kv_cache, a.indices, *a.indices.stride(), _or(lens, dummy), _stride(lens), topk, a.block_size, page,
+        a.extra_kv_cache if has_extra else a.kv_cache, _or(x_idx, dummy), *(x_idx.stride() if has_extra else (0, 0)),
+        _or(x_lens, dummy), _stride(x_lens), x_topk, a.extra_block_size or 1, x_page,
+        sink, sink_s, out, lse, part_o, part_lse, a.softmax_scale, qs, ks, per_split,
+        HAS_LENS=lens is not None, HAS_EXTRA=has_extra, HAS_X_LENS=x_lens is not None,
         HAS_SINK=a.attn_sink is not None, LAYOUT=layout.kind, FNUZ=layout.fp8_flavour == "fnuz",
         SPLIT=splits > 1, Q_SCALE_PTR=qs_ptr, KV_SCALE_PTR=ks_ptr, BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K,
         num_warps=warps, num_stages=stages,
     )
     if splits > 1:
         _combine_kernel[(T, head_blocks)](
-            part_o, part_lse, a.attn_sink if a.attn_sink is not None else lse, out, lse, H, splits,
+            part_o, part_lse, sink, sink_s, out, lse, H, splits,
             HAS_SINK=a.attn_sink is not None, BLOCK_H=BLOCK_H, num_warps=warps,
         )
     return out, lse if a.need_lse else None
+
+
+def _or(t, placeholder):
+    return t if t is not None else placeholder
+
+
+def _stride(t) -> int:
+    """Element stride of an optional 1-D tensor (0 for None)."""
+    return t.stride(0) if t is not None else 0

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4ops.backend_support import topk_output
+from dsv4ops.backend_support import dense, topk_output
 from dsv4ops.ops._rows import row_bounds
 
 
@@ -37,12 +37,12 @@ def qnorm_rope_kv_insert(a):
     target = a.q if a.out is None else a.out.copy_(a.q)
     if T == 0:
         return target
-    slots = a.slot_mapping
+    slots = dense(a.slot_mapping)
     if slots.shape[0] < T:
         slots = torch.full((T,), -1, dtype=torch.int64, device=a.q.device)
         slots[: a.slot_mapping.shape[0]] = a.slot_mapping
-    torch.ops._xpu_C.deepseek_qnorm_rope_kv_insert(target, a.kv, a.kv_cache, slots, a.positions, a.cos_sin_cache,
-                                                   float(a.eps), int(a.block_size), a.layout.name)
+    torch.ops._xpu_C.deepseek_qnorm_rope_kv_insert(target, dense(a.kv), a.kv_cache, slots, dense(a.positions),
+                                                   a.cos_sin_cache, float(a.eps), int(a.block_size), a.layout.name)
     return target
 
 
@@ -53,7 +53,7 @@ def paged_mqa_logits(a):
     if rows == 0 or a.max_context_len == 0:
         result = torch.empty(rows, a.max_context_len, dtype=torch.float32, device=q.device) if a.out is None else a.out
         return result.fill_(float("-inf"))
-    q, weights, table, lens = q.contiguous(), weights.contiguous(), a.block_table.contiguous(), a.context_lens
+    q, weights, table, lens = q.contiguous(), weights.contiguous(), a.block_table.contiguous(), dense(a.context_lens)
     if lens.dim() == 2:                                 # one request per row: [B*next_n, 1, H, D]
         q = q.view(rows, 1, H, D)
         lens = lens.reshape(rows).contiguous()

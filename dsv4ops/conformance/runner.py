@@ -11,6 +11,7 @@ from .. import ops
 from ..selection import decide
 from .cases import Case
 from .compare import RULES, Verdict
+from .strides import clone_exact
 
 POISON_FLOAT = float("nan")
 POISON_INT = -7
@@ -32,8 +33,8 @@ class Result:
 
 
 def clone_kwargs(kwargs: dict) -> dict:
-    """A copy of an op's arguments with every tensor cloned (each run gets its own buffers)."""
-    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    """A copy of an op's arguments with every tensor cloned, layout kept (each run gets its own buffers)."""
+    return {k: clone_exact(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
 
 def poison(t: torch.Tensor) -> None:
@@ -69,7 +70,7 @@ def run_case(case: Case, backend: str, device, seed: int = 0) -> Result:
             torch.cuda.synchronize()
         verdict: Verdict = RULES[case.op](case, ref_kwargs, ref_result, got_kwargs, got_result)
         if verdict.ok:
-            verdict = _check_contiguous(got_result, verdict)
+            verdict = _check_contiguous(got_result, got_kwargs.get("out"), verdict)
         if verdict.ok and got_kwargs.get("out") is not None:
             verdict = _check_out_returned(case.op, got_kwargs["out"], got_result, verdict)
     except Exception as exc:
@@ -80,9 +81,10 @@ def run_case(case: Case, backend: str, device, seed: int = 0) -> Result:
                   time.perf_counter() - start, seed)
 
 
-def _check_contiguous(result, verdict: Verdict) -> Verdict:
-    """Every returned tensor is contiguous (engines and torch.ops fake implementations rely on it)."""
-    tensors = result if isinstance(result, tuple) else (result,)
+def _check_contiguous(result, out, verdict: Verdict) -> Verdict:
+    """Every returned tensor is contiguous (engines and torch.ops fake implementations rely on it),
+    except the caller's ``out`` buffer, returned as given."""
+    tensors = [t for t in (result if isinstance(result, tuple) else (result,)) if t is not out]
     if any(t is not None and not t.is_contiguous() for t in tensors):
         return Verdict(False, verdict.worst, f"returned a non-contiguous tensor (strides "
                        f"{[t.stride() for t in tensors if t is not None]})")

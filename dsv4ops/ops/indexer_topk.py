@@ -7,13 +7,16 @@ import torch
 from torch import Tensor
 
 from ..opspec import Arg, OpSpec, define
-from ..checker import Checker
+from ..checker import INT32_MAX, Checker
 
 
 def check(c: Checker, a):
     c.tensor("logits", a.logits, dtype=torch.float32, shape=("R", "W"), anchor=True)
     R, W = a.logits.shape
+    c.size_limit("logits", W, what="width W (row-local indices are int32)")
     c.int_arg("k", a.k, minimum=1)
+    if a.k > INT32_MAX - W:
+        c.fail("k", f"must keep W + k <= {INT32_MAX} (int32 candidate columns), got k={a.k} with W={W}")
     c.int_arg("next_n", a.next_n, minimum=1)
     ranged = a.row_starts is not None or a.row_ends is not None
     seq_lens = a.seq_lens
@@ -37,6 +40,7 @@ def check(c: Checker, a):
                                f"with next_n={rows_per_seq}")
         c.in_range("seq_lens", seq_lens, 0, W + 1, what="lengths (at most the logits width)")
     c.out_buffer(a.out, dtype=torch.int32, shape=(R, a.k))
+    c.disjoint(a, "out")
     return a
 
 
@@ -47,8 +51,8 @@ def fake(a):
 SPEC = OpSpec(
     name="indexer_topk",
     doc="""logits fp32 [R, W]; rows either [row_starts, row_ends) (int32 [R]) or decode lengths
-    ``seq_lens`` int32 [B] (with next_n) / [B, next_n]. Returns int32 [R, k]: row-local columns of
-    the k largest valid logits (order unspecified), -1 past the row's valid count.""",
+    ``seq_lens`` int32 [B] (with next_n) / [B, next_n]; inputs of any strides. Returns int32 [R, k]:
+    row-local columns of the k largest valid logits (order unspecified), -1 past the row's valid count.""",
     args=(
         Arg("logits", Tensor), Arg("k", int),
         Arg("row_starts", Optional[Tensor], None, keyword_only=True),

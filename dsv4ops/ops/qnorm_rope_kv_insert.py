@@ -48,6 +48,9 @@ def check(c: Checker, a):
     c.float_arg("kv_scale", a.kv_scale, positive=True, tensor_ok=True)
     c.float_arg("q_scale", a.q_scale, positive=True, tensor_ok=True)
     c.out_buffer(a.out, dtype=layout.query_dtype, shape=(T, H, formats.HEAD_DIM))
+    c.disjoint(a, "kv_cache")
+    c.disjoint(a, "q", same_ok=("out",))
+    c.disjoint(a, "out", same_ok=("q",))
     c.in_range("positions", a.positions, 0, a.cos_sin_cache.shape[0], what="positions (rows of cos_sin_cache)")
     c.in_range("slot_mapping", a.slot_mapping, None, a.kv_cache.shape[0] * a.block_size,
                what="slots (negative = skip)")
@@ -62,8 +65,9 @@ SPEC = OpSpec(
     name="qnorm_rope_kv_insert",
     doc="""Normalize + rope Q, rope + quantize KV into ``kv_cache`` at ``slot_mapping`` (-1 = skip).
 
-    q bf16 [T, H, 512], kv bf16 [T, 512], positions int64 [T], cos_sin_cache fp32 [max_pos, 64],
-    slot_mapping int64 [T'] (T' <= T). Returns bf16 [T, H, 512] (``q`` itself unless ``out``) for
+    q bf16 [T, H, 512], kv bf16 [T, 512] (any row stride), positions int64 [T], cos_sin_cache fp32
+    [max_pos, 64], slot_mapping int64 [T'] (T' <= T; positions and slot_mapping: any stride).
+    Returns bf16 [T, H, 512] (``q`` itself unless ``out``) for
     "fp8_ds_mla"/"bf16", float8_e4m3fn [T, H, 512] for "fp8_per_tensor" (``q`` unmodified).""",
     args=(
         Arg("q", Tensor, doc="bf16 [T, H, 512], rewritten in place unless out= or fp8_per_tensor"),

@@ -24,6 +24,7 @@ def check(c: Checker, a):
     _check_index_list(c, "indices", "topk_lens", a.indices, a.topk_lens, T, a.kv_cache.shape[0] * a.block_size)
     c.float_arg("softmax_scale", a.softmax_scale, positive=True)
     c.optional("attn_sink", a.attn_sink, dtype=torch.float32, shape=(H,))
+    c.not_nan("attn_sink", a.attn_sink)
     if a.extra_kv_cache is None:
         if any(x is not None for x in (a.extra_indices, a.extra_topk_lens, a.extra_block_size)):
             c.fail("extra_kv_cache", "is required when extra_indices / extra_topk_lens / extra_block_size are given")
@@ -38,11 +39,14 @@ def check(c: Checker, a):
     c.float_arg("q_scale", a.q_scale, positive=True, tensor_ok=True)
     c.out_buffer(a.out, dtype=torch.bfloat16, shape=(T, H, formats.HEAD_DIM))
     c.bool_arg("need_lse", a.need_lse)
+    c.disjoint(a, "out")
+    c.disjoint(a, "kv_cache", others=("q",))
+    c.disjoint(a, "extra_kv_cache", others=("q",))
     return a._replace(layout=layout)
 
 
 def _check_index_list(c: Checker, name: str, lens_name: str, indices, lens, T: int, num_slots: int) -> None:
-    c.tensor(name, indices, dtype=torch.int32, shape=(T, "topk"), last_dim_contiguous=True)
+    c.tensor(name, indices, dtype=torch.int32, shape=(T, "topk"))
     c.optional(lens_name, lens, dtype=torch.int32, shape=(T,))
     c.in_range(name, indices, 0, num_slots, allow=-1, what="cache indices (-1 = invalid)")
     c.in_range(lens_name, lens, 0, indices.shape[1] + 1, what="lengths (at most topk)")
