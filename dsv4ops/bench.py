@@ -48,6 +48,11 @@ def production_cases() -> list[Case]:
         c("fp8_einsum", B=1024, H=8, D=1024, R=4096),
         c("indexer_topk", R=128, W=32768, k=512, mode="decode2d"),
         c("indexer_topk", R=128, W=32768, k=1024, mode="decode2d"),
+        c("inv_rope_fp8_quant", T=128, H=64, n_groups=8),
+        c("inv_rope_fp8_quant", T=4096, H=64, n_groups=8),
+        c("compress_kv_insert", layout="fp8_ds_mla", ratio=4, reqs=((0, 8192),), block_size=64),
+        c("compress_kv_insert", layout="fp8_ds_mla", ratio=128, reqs=((0, 8192),), block_size=2),
+        c("compress_kv_insert", layout="index_fp8", ratio=4, reqs=((0, 8192),), block_size=64),
     ]
 
 
@@ -95,6 +100,18 @@ def cost(op: str, kw: dict) -> tuple[int, int]:
     if op == "indexer_topk":
         R, W = kw["logits"].shape
         return R * W * 4 + R * kw["k"] * 4, 0
+    if op == "inv_rope_fp8_quant":
+        T, H, D = kw["o"].shape
+        return T * H * D * 2 + _nbytes(kw["positions"]) + T * 64 * 4 + T * H * (D + D // 128 * 4), 0
+    if op == "compress_kv_insert":
+        n = kw["state_slot_mapping"].shape[0]
+        live = kw["state_slot_mapping"] >= 0
+        done = int((live & ((kw["positions"][:n] + 1) % kw["ratio"] == 0) & (kw["slot_mapping"] >= 0)).sum())
+        row = kw["state_cache"].shape[2] * 4                      # one state row: [kv, score] fp32
+        entry = 584 if kw["layout"] == "fp8_ds_mla" else 132
+        # save: read kv + score, write the row; each entry reads c*ratio positions of a row's 1/c
+        return (int(live.sum()) * ((kw["kv"].element_size() + kw["score"].element_size()) * kw["kv"].shape[1] + row)
+                + done * (kw["ratio"] * row + entry)), 0
     if op == "qnorm_rope_kv_insert":
         T, H, D = kw["q"].shape
         written = int((kw["slot_mapping"] >= 0).sum())
@@ -262,6 +279,8 @@ TINY = {
     "paged_mqa_logits": dict(B=1, next_n=1, context=64, H=64, block_size=64),
     "fp8_einsum": dict(B=1, H=1, D=128, R=128),
     "indexer_topk": dict(R=4, W=128, k=16, mode="decode2d"),
+    "inv_rope_fp8_quant": dict(T=1, H=8, n_groups=1),
+    "compress_kv_insert": dict(layout="fp8_ds_mla", ratio=4, reqs=((3, 1),), block_size=64),
 }
 
 def dispatch_overhead(device, calls: int = 2000) -> dict[str, dict]:
