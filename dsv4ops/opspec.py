@@ -138,7 +138,8 @@ class Op:
         self.structure = _structure_function(spec)
         self.function = _generate(spec, spec.name, _FAST_PATH, {
             "Args": self.Args, "op": self, "fast": selection.fast_table(spec.name), "dispatch": selection.dispatch,
-            "thread": thread_state, "Tensor": torch.Tensor, "layout_of": LAYOUTS}, with_backend=True)
+            "thread": thread_state, "Tensor": torch.Tensor, "layout_of": LAYOUTS,
+            "new": tuple.__new__}, with_backend=True)
         self.function.__doc__ = spec.doc
         self.function.__module__ = "dsv4ops"
 
@@ -198,7 +199,7 @@ _FAST_PATH = """\
         key = run = None
     if run is None:
         return dispatch(op, Args({values}), backend, key)
-    return run(Args({normalized}))"""
+    return run(new(Args, ({normalized},)))"""
 
 
 def _structure_terms(spec: OpSpec, ref: Callable[[str], str]) -> list[str]:

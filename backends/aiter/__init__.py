@@ -1,13 +1,18 @@
 """ROCm AITER (``aiter``, distribution ``amd-aiter``): sparse MLA decode through the released
 ``aiter.ops.triton.attention.pa_decode_sparse.pa_decode_sparse`` and per-row top-k through
-``aiter.ops.topk.top_k_per_row_{decode,prefill}`` (gfx942 / gfx950).
+``aiter.ops.topk.top_k_per_row_{decode,prefill}`` (gfx942 / gfx950), and sparse MLA prefill through
+``aiter.ops.triton.attention.pa_prefill_sparse.pa_prefill_sparse`` (gfx950).
 
 Release floors (first tag of ROCm/aiter carrying what the adapter passes):
   - decode on gfx950 (fp8_ds_mla / bf16 block caches, SWA + extra two-segment pass, 2-D OCP fp8
     pool with per-64 scales): ``pa_decode_sparse(..., *, extra_cache=...)``, AITER >= 0.1.20;
   - decode on gfx942 (flat bf16 pool, ``has_invalid``): AITER >= 0.1.17;
-  - top-k with ``k=``: AITER >= 0.1.15 (before that k was fixed at 2048 in the C++).
-PyPI's ``amd-aiter`` (0.1.7.post2.dev18) predates all three; install a ROCm release wheel or build
+  - top-k with ``k=``: AITER >= 0.1.15 (before that k was fixed at 2048 in the C++);
+  - sparse prefill on gfx950 (``pa_prefill_sparse`` over a gathered bf16 pool, backends/aiter/
+    prefill.py): AITER >= 0.1.20 (0.1.18 and 0.1.19 assert gfx1250). Other arches are declined: there
+    it runs a Triton fallback that evaluates ``attn_sink or torch.empty(1)`` (an error for a sink of
+    more than one head, uninitialised sinks without one), and gfx1250's two-pool path is not adapted.
+PyPI's ``amd-aiter`` (0.1.7.post2.dev18) predates all of them; install a ROCm release wheel or build
 from a tag. ``sparse_mla_fwd`` (aiter.ops.triton.attention.sparse_mla) is in no AITER release and is
 not used.
 
@@ -21,8 +26,7 @@ Not routed to AITER, with the reason:
   - ``fp8_mqa_logits``: prefill logits over a contiguous ragged K ``[S_kv, D]``, not a paged cache;
     not an implementation of ``paged_mqa_logits``;
   - fp8_einsum: AITER's batched FP8 GEMMs scale activations per token group or per MX block and
-    weights per batched tensor, not the 128 x 128 fp32 blocks of ``fp8_einsum``;
-  - ``pa_prefill_sparse``: prefill (same-dtype page-size-1 pool, no fp8), not one of the five ops.
+    weights per batched tensor, not the 128 x 128 fp32 blocks of ``fp8_einsum``.
 The triton backend serves those ops on ROCm.
 """
 from __future__ import annotations
@@ -39,6 +43,7 @@ from dsv4ops.registry import Backend, register_backend
 INSTALL = '"dsv4ops[aiter]" (amd-aiter, a ROCm build of AITER >= 0.1.20)'
 DECODE_MODULE = "aiter.ops.triton.attention.pa_decode_sparse"
 TOPK_MODULE = "aiter.ops.topk"
+PREFILL_MODULE = "aiter.ops.triton.attention.pa_prefill_sparse"
 
 # (module, function, keyword the adapter needs, first AITER release that has it)
 NEEDS = {
@@ -46,6 +51,7 @@ NEEDS = {
     "decode_gfx942": (DECODE_MODULE, "pa_decode_sparse", "has_invalid", "0.1.17"),
     "topk": (TOPK_MODULE, "top_k_per_row_decode", "k", "0.1.15"),
     "topk_prefill": (TOPK_MODULE, "top_k_per_row_prefill", "k", "0.1.15"),
+    "prefill": (PREFILL_MODULE, "pa_prefill_sparse", "has_invalid", "0.1.20"),
 }
 
 _state: dict | None = None
@@ -105,7 +111,7 @@ def probe() -> str | None:
 
 BACKEND = register_backend(Backend(
     "aiter", ("rocm",), probe=probe,
-    description="ROCm AITER pa_decode_sparse (>= 0.1.20) and per-row top-k (gfx942/gfx950)",
+    description="ROCm AITER pa_decode_sparse / pa_prefill_sparse (>= 0.1.20) and per-row top-k (gfx942/gfx950)",
 ))
 
 # What pa_decode_sparse reads per arch (v0.1.20, aiter/ops/triton/attention/pa_decode_sparse.py):
@@ -147,8 +153,20 @@ def topk_inputs(plat: Platform, call) -> str | None:
     return f["topk"] or f["topk_prefill"]
 
 
+def prefill_inputs(plat: Platform, call) -> str | None:
+    if call.need_lse:
+        return "AITER's pa_prefill_sparse returns no log-sum-exp (call with need_lse=False)"
+    if call.layout not in _PREFILL_LAYOUTS:
+        return (f"layout {call.layout} not served by the AITER prefill adapter (needs fp8_ds_mla or bf16: "
+                "its gathered bf16 pool holds exact rows of those, and the kernel takes bf16 queries)")
+    return features()["prefill"]
+
+
+_PREFILL_LAYOUTS = tuple(LAYOUTS[n] for n in ("fp8_ds_mla", "bf16"))
 _P = "dsv4ops.backends.aiter.ops"
 BACKEND.implements("sparse_mla_decode", f"{_P}:sparse_mla_decode",
                    supports=all_of(arch_in("gfx942", "gfx950"), decode_inputs))
+BACKEND.implements("sparse_mla_prefill", "dsv4ops.backends.aiter.prefill:sparse_mla_prefill",
+                   supports=all_of(arch_in("gfx950"), prefill_inputs))
 BACKEND.implements("indexer_topk", f"{_P}:indexer_topk",
                    supports=all_of(arch_in("gfx942", "gfx950"), topk_inputs))
