@@ -222,24 +222,6 @@ def test_aiter_prefill_contract_gfx950(aiter):
     assert {c.backend: c.status for c in d.candidates}["aiter"] == "arch gfx942 not supported (needs gfx950)"
 
 
-_PREFILL = [make_case("sparse_mla_prefill", T=3, H=H, topk=32, layout=layout, extra_topk=64, extra_block_size=16,
-                       need_lse=False, sink=sink, corner=corner)
-            for layout in ("fp8_ds_mla", "bf16")
-            for H, sink, corner in ((16, "random", None), (64, None, "zero_len"), (20, "inf", "all_invalid"))]
-
-
-def test_aiter_prefill_contract_gfx950(aiter):
-    """pa_prefill_sparse (mla_gluon) over the gathered bf16 pool: both segments in one CSR stream,
-    heads padded to 64 / 128, lonely rows zeroed; calls that want the lse are declined."""
-    ran, skipped = _simulated("rocm", "gfx950", "sparse_mla_prefill", "aiter", _PREFILL)
-    assert {r.case.kwargs["layout"] for r in ran} == {"fp8_ds_mla", "bf16"}
-    assert {r.case.kwargs["H"] for r in ran} >= {16, 20, 64}
-    assert any("need_lse=False" in m for m in skipped.values())
-    with dsv4ops.simulate_platform("rocm", "gfx942"):
-        d = dsv4ops.explain("sparse_mla_prefill", **_PREFILL[0].build("cpu", 0))
-    assert {c.backend: c.status for c in d.candidates}["aiter"] == "arch gfx942 not supported (needs gfx950)"
-
-
 def test_aiter_topk_contract(aiter):
     """AITER returns absolute columns; the adapter makes them row-local, so ranges are served too."""
     ran, skipped = _simulated("rocm", "gfx942", "indexer_topk", "aiter")
@@ -252,7 +234,6 @@ def test_aiter_topk_contract(aiter):
      "AITER 0.1.17 has no pa_decode_sparse(extra_cache=...): install AITER >= 0.1.20"),
     ("0.1.17", "sparse_mla_decode", "gfx942", None),
     ("0.1.12", "indexer_topk", "gfx942", "AITER 0.1.12 has no top_k_per_row_decode(k=...): install AITER >= 0.1.15"),
-    ("0.1.19", "sparse_mla_prefill", "gfx950", "AITER 0.1.19 has no pa_prefill_sparse: install AITER >= 0.1.20"),
     ("0.1.19", "sparse_mla_prefill", "gfx950", "AITER 0.1.19 has no pa_prefill_sparse: install AITER >= 0.1.20"),
 ])
 def test_aiter_version_floors(monkeypatch, version, op, arch, expected):

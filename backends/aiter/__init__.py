@@ -44,7 +44,6 @@ INSTALL = '"dsv4ops[aiter]" (amd-aiter, a ROCm build of AITER >= 0.1.20)'
 DECODE_MODULE = "aiter.ops.triton.attention.pa_decode_sparse"
 TOPK_MODULE = "aiter.ops.topk"
 PREFILL_MODULE = "aiter.ops.triton.attention.pa_prefill_sparse"
-PREFILL_MODULE = "aiter.ops.triton.attention.pa_prefill_sparse"
 
 # (module, function, keyword the adapter needs, first AITER release that has it)
 NEEDS = {
@@ -52,7 +51,6 @@ NEEDS = {
     "decode_gfx942": (DECODE_MODULE, "pa_decode_sparse", "has_invalid", "0.1.17"),
     "topk": (TOPK_MODULE, "top_k_per_row_decode", "k", "0.1.15"),
     "topk_prefill": (TOPK_MODULE, "top_k_per_row_prefill", "k", "0.1.15"),
-    "prefill": (PREFILL_MODULE, "pa_prefill_sparse", "has_invalid", "0.1.20"),
     "prefill": (PREFILL_MODULE, "pa_prefill_sparse", "has_invalid", "0.1.20"),
 }
 
@@ -165,21 +163,9 @@ def prefill_inputs(plat: Platform, call) -> str | None:
 
 
 _PREFILL_LAYOUTS = tuple(LAYOUTS[n] for n in ("fp8_ds_mla", "bf16"))
-def prefill_inputs(plat: Platform, call) -> str | None:
-    if call.need_lse:
-        return "AITER's pa_prefill_sparse returns no log-sum-exp (call with need_lse=False)"
-    if call.layout not in _PREFILL_LAYOUTS:
-        return (f"layout {call.layout} not served by the AITER prefill adapter (needs fp8_ds_mla or bf16: "
-                "its gathered bf16 pool holds exact rows of those, and the kernel takes bf16 queries)")
-    return features()["prefill"]
-
-
-_PREFILL_LAYOUTS = tuple(LAYOUTS[n] for n in ("fp8_ds_mla", "bf16"))
 _P = "dsv4ops.backends.aiter.ops"
 BACKEND.implements("sparse_mla_decode", f"{_P}:sparse_mla_decode",
                    supports=all_of(arch_in("gfx942", "gfx950"), decode_inputs))
-BACKEND.implements("sparse_mla_prefill", "dsv4ops.backends.aiter.prefill:sparse_mla_prefill",
-                   supports=all_of(arch_in("gfx950"), prefill_inputs))
 BACKEND.implements("sparse_mla_prefill", "dsv4ops.backends.aiter.prefill:sparse_mla_prefill",
                    supports=all_of(arch_in("gfx950"), prefill_inputs))
 BACKEND.implements("indexer_topk", f"{_P}:indexer_topk",

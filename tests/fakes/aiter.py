@@ -10,8 +10,6 @@ only; the bodies are our own plain-PyTorch models of what the kernels compute:
   6c5b27a8e584, modelled at KV_SPLITS == 1, the case that seeds the running max with the sink).
 - ``aiter/ops/triton/attention/pa_prefill_sparse.py::pa_prefill_sparse`` (commit 2038b2df470d, the
   v0.1.20 signature), gfx950 branch only (below).
-- ``aiter/ops/triton/attention/pa_prefill_sparse.py::pa_prefill_sparse`` (commit 2038b2df470d, the
-  v0.1.20 signature), gfx950 branch only (below).
 - ``aiter/ops/topk.py::top_k_per_row_{prefill,decode}`` (blob db701f913d41) over
   ``csrc/kernels/topk_per_row_kernels.cu`` (blob dd4bc62594e6): absolute column ids
   (``i + rowStart``), -1 past the row's count, ``stride1`` ignored.
@@ -297,44 +295,6 @@ def pa_prefill_sparse(
                          softmax_scale, attn_sink, None, None, None)
 
 
-# ------------------------------------------------------------------------------------------------
-# pa_prefill_sparse (v0.1.20 signature; ROCm/aiter commit 2038b2df470d70a734ce12f697a1e7ac8a184cad,
-# aiter/ops/triton/attention/pa_prefill_sparse.py)
-
-def pa_prefill_sparse(
-    q: torch.Tensor,
-    unified_kv: torch.Tensor,
-    kv_indices_prefix: torch.Tensor,
-    kv_indptr_prefix: torch.Tensor,
-    kv: torch.Tensor | None,
-    kv_indices_extend: torch.Tensor | None,
-    kv_indptr_extend: torch.Tensor | None,
-    attn_sink: torch.Tensor | None,
-    softmax_scale: float,
-    has_invalid: bool | None = None,
-) -> torch.Tensor:
-    """gfx950 dispatches to ``mla_gluon`` over the single prefix pool (an extend source raises
-    NotImplementedError there); modelled like the gfx950 decode driver: natural-exp softmax with the
-    sink in the denominator, -1 entries skipped, no guard for rows without a valid entry (NaN).
-    Other arches: gfx1250's two-pool Gluon kernel and the Triton fallback (whose ``attn_sink or
-    torch.empty(1)`` raises for a sink of more than one head) are not modelled."""
-    arch = _arch()
-    extend = [n for n, t in (("kv", kv), ("kv_indices_extend", kv_indices_extend),
-                             ("kv_indptr_extend", kv_indptr_extend)) if t is not None]
-    if arch != "gfx950":
-        raise AssertionError(f"pa_prefill_sparse on {arch} is not modelled")
-    if extend:
-        raise NotImplementedError(f"pa_prefill_sparse got an extend KV source ({', '.join(extend)})")
-    T, H, D = q.shape
-    assert q.dtype in (torch.bfloat16, torch.float16) and unified_kv.dtype == q.dtype, (q.dtype, unified_kv.dtype)
-    assert unified_kv.dim() == 2 and unified_kv.shape[1] == D, unified_kv.shape
-    assert H in (64, 128) or H <= 16, f"mla_gluon serves 64 or 128 heads, or at most 16 (got {H})"
-    assert kv_indptr_prefix.shape == (T + 1,)
-    assert attn_sink is None or (attn_sink.dtype == torch.float32 and attn_sink.shape == (H,))
-    return _gluon_gfx950(q, unified_kv, None, kv_indices_prefix.to(torch.int64), kv_indptr_prefix.to(torch.int64),
-                         softmax_scale, attn_sink, None, None, None)
-
-
 # The functions the adapters call, by the vendor module path (used by the signature drift test).
 CALLED = {
     "aiter.ops.triton.attention.pa_decode_sparse:pa_decode_sparse": pa_decode_sparse,
@@ -357,7 +317,6 @@ def install(monkeypatch, version="0.1.20", wrap=None):
     fns = dict(CALLED)
     if version < "0.1.20":
         fns["aiter.ops.triton.attention.pa_decode_sparse:pa_decode_sparse"] = pa_decode_sparse_v0_1_17
-        del fns["aiter.ops.triton.attention.pa_prefill_sparse:pa_prefill_sparse"]
         del fns["aiter.ops.triton.attention.pa_prefill_sparse:pa_prefill_sparse"]
     if version < "0.1.15":
         fns["aiter.ops.topk:top_k_per_row_decode"] = top_k_per_row_decode_v0_1_12
