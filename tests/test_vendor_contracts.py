@@ -4,6 +4,7 @@ a simulated platform; and the capability checks decline where the vendor kernel 
 import functools
 import importlib
 import inspect
+import re
 import sys
 
 import pytest
@@ -157,6 +158,33 @@ def test_deepgemm_declines_sm100_until_adapted(monkeypatch):
         backend._probed = None
 
 
+_MQA_DG = [make_case("mqa_logits", T=T, S=S, H=64, ranges=r, clean=cl, out=cl)
+           for T, S, r in ((6, 300, "causal"), (9, 513, "requests"), (5, 64, "random")) for cl in (False, True)] + \
+          [make_case("mqa_logits", T=8, S=100, H=32, ranges="random", corner="empty", clean=True),
+           make_case("mqa_logits", T=12, S=96, H=64, ranges="requests", topk=16)]
+
+
+@pytest.mark.parametrize("generation", ["new", "old"])
+def test_deepgemm_mqa_logits_contract(monkeypatch, generation):
+    """fp8_fp4_mqa_logits / legacy fp8_mqa_logits: the row-padded view is copied out, clean maps to
+    clean_logits; other head counts and FNUZ inputs are declined with the reason."""
+    from fakes import deep_gemm as fake_deep_gemm
+    fake_deep_gemm.install(monkeypatch, generation)
+    backend = registry.get_backend("deepgemm")
+    monkeypatch.setattr(backend, "_probed", None)
+    try:
+        ran, skipped = _simulated("cuda", "sm90", "mqa_logits", "deepgemm", _MQA_DG)
+    finally:
+        backend._probed = None
+    assert {r.case.id for r in ran} >= {c.id for c in _MQA_DG}
+    assert any("H=8: the SM90 kernel is built for 32 or 64 heads" == m for m in skipped.values())
+    assert any("float8_e4m3fnuz inputs" in m for m in skipped.values())
+    kw = _MQA_DG[0].build("cpu", 0)
+    with dsv4ops.simulate_platform("cuda", "sm100"):
+        status = {c.backend: c.status for c in dsv4ops.explain("mqa_logits", **kw).candidates}
+    assert status["deepgemm"].startswith("arch sm100 not supported")
+
+
 @pytest.fixture
 def aiter(monkeypatch):
     from fakes import aiter as fake_aiter
@@ -229,12 +257,29 @@ def test_aiter_topk_contract(aiter):
     assert not skipped and any(r.case.kwargs.get("column_major") for r in ran)
 
 
+_MQA_AITER = [make_case("mqa_logits", T=T, S=S, H=H, ranges=r, clean=cl, flavour=f)
+              for T, S, H, r in ((6, 300, 64, "causal"), (9, 70, 16, "random")) for cl in (False, True)
+              for f in ("ocp", "fnuz")] + [make_case("mqa_logits", T=12, S=96, H=32, ranges="requests", topk=16)]
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_aiter_mqa_logits_contract(aiter, arch):
+    """fp8_mqa_logits on both arches (gfx942 recasts OCP to FNUZ, FNUZ inputs read natively; gfx950 OCP
+    only); the 256-aligned view is copied out; head counts the kernel cannot tile are declined."""
+    ran, skipped = _simulated("rocm", arch, "mqa_logits", "aiter", _MQA_AITER)
+    flavours = {r.case.kwargs.get("flavour", "ocp") for r in ran}
+    assert flavours == ({"ocp", "fnuz"} if arch == "gfx942" else {"ocp"})
+    assert {r.case.kwargs.get("clean", False) for r in ran} == {False, True} and any("topk" in r.case.kwargs for r in ran)
+    assert any("needs a power-of-two head count of at least 16" in m for m in skipped.values())
+
+
 @pytest.mark.parametrize("version, op, arch, expected", [
     ("0.1.17", "sparse_mla_decode", "gfx950",
      "AITER 0.1.17 has no pa_decode_sparse(extra_cache=...): install AITER >= 0.1.20"),
     ("0.1.17", "sparse_mla_decode", "gfx942", None),
     ("0.1.12", "indexer_topk", "gfx942", "AITER 0.1.12 has no top_k_per_row_decode(k=...): install AITER >= 0.1.15"),
     ("0.1.19", "sparse_mla_prefill", "gfx950", "AITER 0.1.19 has no pa_prefill_sparse: install AITER >= 0.1.20"),
+    ("0.1.12", "mqa_logits", "gfx950", "AITER 0.1.12 has no fp8_mqa_logits(clean_logits=...): install AITER >= 0.1.15"),
 ])
 def test_aiter_version_floors(monkeypatch, version, op, arch, expected):
     from fakes import aiter as fake_aiter
@@ -242,7 +287,7 @@ def test_aiter_version_floors(monkeypatch, version, op, arch, expected):
     backend = registry.get_backend("aiter")
     monkeypatch.setattr(backend, "_probed", None)
     kw = (dict(T=2, H=8, topk=32, layout="bf16", need_lse=False) if op.startswith("sparse_mla")
-          else dict(R=4, W=128, k=16, mode="decode1d"))
+          else dict(T=4, S=64, H=16) if op == "mqa_logits" else dict(R=4, W=128, k=16, mode="decode1d"))
     with dsv4ops.simulate_platform("rocm", arch):
         d = dsv4ops.explain(op, **make_case(op, **kw).build("cpu", 0))
     status = {c.backend: c.status for c in d.candidates}["aiter"]
@@ -372,6 +417,7 @@ def _record_aiter(monkeypatch):
         _simulated("rocm", "gfx950", "sparse_mla_decode", "aiter", _DECODE_SINGLE + _DECODE_TWO)
         _simulated("rocm", "gfx942", "sparse_mla_decode", "aiter", _DECODE_SINGLE)
         _simulated("rocm", "gfx942", "indexer_topk", "aiter")
+        _simulated("rocm", "gfx942", "mqa_logits", "aiter", _MQA_AITER)
         _simulated("rocm", "gfx950", "sparse_mla_prefill", "aiter", _PREFILL)
     finally:
         backend._probed = None
@@ -407,7 +453,22 @@ def _record_flashmla(monkeypatch):
     return fake_flashmla.CALLED, calls
 
 
-RECORDERS = {"aiter": _record_aiter, "flashinfer": _record_flashinfer, "flashmla": _record_flashmla}
+def _record_deepgemm(monkeypatch):
+    from fakes import deep_gemm as fake_deep_gemm
+    calls = []
+    backend = registry.get_backend("deepgemm")
+    try:
+        for generation in ("new", "old"):
+            fake_deep_gemm.install(monkeypatch, generation, wrap=_recording(calls))
+            monkeypatch.setattr(backend, "_probed", None)
+            _simulated("cuda", "sm90", "mqa_logits", "deepgemm", _MQA_DG)
+    finally:
+        backend._probed = None
+    return fake_deep_gemm.CALLED, calls
+
+
+RECORDERS = {"aiter": _record_aiter, "flashinfer": _record_flashinfer, "flashmla": _record_flashmla,
+             "deepgemm": _record_deepgemm}
 
 
 def _bind_all(calls, signature_of):
@@ -432,9 +493,32 @@ def _real_function(path):
     return getattr(importlib.import_module(module), name)
 
 
+def _signature(fn) -> inspect.Signature:
+    """inspect.signature, or for a pybind11 builtin (DeepGEMM) the one its docstring's first line
+    states: ``name(a: T, b: U = default) -> R``, parameter names and defaults' presence only."""
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        match = re.match(r"\w+\((.*)\) ->", (fn.__doc__ or "").split("\n")[0])
+        if match is None:
+            raise
+    params, depth, current = [], 0, ""
+    for ch in match.group(1) + ",":
+        if ch == "," and depth == 0:
+            params.append(current.strip())
+            current = ""
+            continue
+        depth += (ch in "[(") - (ch in "])")
+        current += ch
+    return inspect.Signature([inspect.Parameter(p.split(":")[0].strip(), inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                default=None if "=" in p else inspect.Parameter.empty)
+                              for p in params if p])
+
+
 @pytest.mark.parametrize("vendor, module, dist", [("aiter", "aiter", "amd-aiter"),
                                                  ("flashinfer", "flashinfer", "flashinfer-python"),
-                                                 ("flashmla", "flash_mla", "tokenspeed-flashmla")])
+                                                 ("flashmla", "flash_mla", "tokenspeed-flashmla"),
+                                                 ("deepgemm", "deep_gemm", "tokenspeed-deepgemm")])
 def test_adapter_calls_bind_to_installed_signatures(monkeypatch, vendor, module, dist):
     """Where the vendor package is installed: the same recorded calls bind to the real functions, and
     the fakes' parameter lists equal the real ones (so the CI run above stays meaningful)."""
@@ -444,11 +528,11 @@ def test_adapter_calls_bind_to_installed_signatures(monkeypatch, vendor, module,
         pytest.skip(f"{dist} is not importable here ({type(exc).__name__}: {str(exc)[:100]}); "
                     "the drift check runs where it installs")
     real = {}
-    from fakes import aiter as fake_aiter, flashinfer as fake_fi, flashmla as fake_flashmla
-    fakes = {"aiter": fake_aiter, "flashinfer": fake_fi, "flashmla": fake_flashmla}[vendor].CALLED
+    from fakes import aiter as fake_aiter, deep_gemm as fake_dg, flashinfer as fake_fi, flashmla as fake_flashmla
+    fakes = {"aiter": fake_aiter, "flashinfer": fake_fi, "flashmla": fake_flashmla, "deepgemm": fake_dg}[vendor].CALLED
     for path in fakes:
         try:
-            real[path] = inspect.signature(_real_function(path))
+            real[path] = _signature(_real_function(path))
         except Exception as exc:
             pytest.fail(f"{dist}: the adapter calls {path}, which the installed release lacks ({exc})")
     with monkeypatch.context() as m:

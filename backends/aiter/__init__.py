@@ -8,6 +8,8 @@ Release floors (first tag of ROCm/aiter carrying what the adapter passes):
     pool with per-64 scales): ``pa_decode_sparse(..., *, extra_cache=...)``, AITER >= 0.1.20;
   - decode on gfx942 (flat bf16 pool, ``has_invalid``): AITER >= 0.1.17;
   - top-k with ``k=``: AITER >= 0.1.15 (before that k was fixed at 2048 in the C++);
+  - prefill indexer logits (``mqa_logits``) through ``aiter.ops.triton.attention.fp8_mqa_logits``
+    with ``clean_logits``: AITER >= 0.1.15 (backends/aiter/mqa_logits.py);
   - sparse prefill on gfx950 (``pa_prefill_sparse`` over a gathered bf16 pool, backends/aiter/
     prefill.py): AITER >= 0.1.20 (0.1.18 and 0.1.19 assert gfx1250). Other arches are declined: there
     it runs a Triton fallback that evaluates ``attn_sink or torch.empty(1)`` (an error for a sink of
@@ -23,8 +25,6 @@ Not routed to AITER, with the reason:
     kernel (block_size % 16 == 0) expects each page's fp8 section permuted 16 x 16 by
     ``aiter.ops.shuffle.shuffle_weight``. Serving a dsv4ops cache (block_size 64, unshuffled)
     would need a relayout of the whole cache per call; it also takes only 1-D context lengths;
-  - ``fp8_mqa_logits``: prefill logits over a contiguous ragged K ``[S_kv, D]``, not a paged cache;
-    not an implementation of ``paged_mqa_logits``;
   - fp8_einsum: AITER's batched FP8 GEMMs scale activations per token group or per MX block and
     weights per batched tensor, not the 128 x 128 fp32 blocks of ``fp8_einsum``.
 The triton backend serves those ops on ROCm.
@@ -44,6 +44,7 @@ INSTALL = '"dsv4ops[aiter]" (amd-aiter, a ROCm build of AITER >= 0.1.20)'
 DECODE_MODULE = "aiter.ops.triton.attention.pa_decode_sparse"
 TOPK_MODULE = "aiter.ops.topk"
 PREFILL_MODULE = "aiter.ops.triton.attention.pa_prefill_sparse"
+MQA_MODULE = "aiter.ops.triton.attention.fp8_mqa_logits"
 
 # (module, function, keyword the adapter needs, first AITER release that has it)
 NEEDS = {
@@ -52,6 +53,7 @@ NEEDS = {
     "topk": (TOPK_MODULE, "top_k_per_row_decode", "k", "0.1.15"),
     "topk_prefill": (TOPK_MODULE, "top_k_per_row_prefill", "k", "0.1.15"),
     "prefill": (PREFILL_MODULE, "pa_prefill_sparse", "has_invalid", "0.1.20"),
+    "mqa_logits": (MQA_MODULE, "fp8_mqa_logits", "clean_logits", "0.1.15"),
 }
 
 _state: dict | None = None
@@ -111,7 +113,8 @@ def probe() -> str | None:
 
 BACKEND = register_backend(Backend(
     "aiter", ("rocm",), probe=probe,
-    description="ROCm AITER pa_decode_sparse / pa_prefill_sparse (>= 0.1.20) and per-row top-k (gfx942/gfx950)",
+    description="ROCm AITER pa_decode_sparse / pa_prefill_sparse (>= 0.1.20), fp8_mqa_logits and per-row top-k "
+                "(gfx942/gfx950)",
 ))
 
 # What pa_decode_sparse reads per arch (v0.1.20, aiter/ops/triton/attention/pa_decode_sparse.py):
@@ -163,10 +166,25 @@ def prefill_inputs(plat: Platform, call) -> str | None:
 
 
 _PREFILL_LAYOUTS = tuple(LAYOUTS[n] for n in ("fp8_ds_mla", "bf16"))
+
+
+def mqa_logits_inputs(plat: Platform, call) -> str | None:
+    """fp8_mqa_logits: a power-of-two head count of at least 16 (tl.arange, tl.dot rows); FNUZ inputs
+    on gfx942 only (gfx950's Gluon kernel reads OCP e4m3)."""
+    H = call.q.shape[1]
+    if H < 16 or H & (H - 1):
+        return f"H={H}: AITER's fp8_mqa_logits needs a power-of-two head count of at least 16"
+    if str(call.q.dtype) == "torch.float8_e4m3fnuz" and plat.arch != "gfx942":
+        return f"float8_e4m3fnuz inputs on {plat.arch}: AITER reads FNUZ fp8 on gfx942 only"
+    return features()["mqa_logits"]
+
+
 _P = "dsv4ops.backends.aiter.ops"
 BACKEND.implements("sparse_mla_decode", f"{_P}:sparse_mla_decode",
                    supports=all_of(arch_in("gfx942", "gfx950"), decode_inputs))
 BACKEND.implements("sparse_mla_prefill", "dsv4ops.backends.aiter.prefill:sparse_mla_prefill",
                    supports=all_of(arch_in("gfx950"), prefill_inputs))
+BACKEND.implements("mqa_logits", "dsv4ops.backends.aiter.mqa_logits:mqa_logits",
+                   supports=all_of(arch_in("gfx942", "gfx950"), mqa_logits_inputs))
 BACKEND.implements("indexer_topk", f"{_P}:indexer_topk",
                    supports=all_of(arch_in("gfx942", "gfx950"), topk_inputs))

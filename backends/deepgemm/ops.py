@@ -1,4 +1,4 @@
-"""dsv4ops paged_mqa_logits / fp8_einsum -> DeepGEMM (SM90 recipe: fp32 scales)."""
+"""dsv4ops paged_mqa_logits / mqa_logits / fp8_einsum -> DeepGEMM (SM90 recipe: fp32 scales)."""
 from __future__ import annotations
 
 import torch
@@ -37,6 +37,26 @@ def paged_mqa_logits(a):
 def mn_major_scales(a_scale: torch.Tensor) -> torch.Tensor:
     """fp32 [B, H, K/128] -> the same values with DeepGEMM's SM90 TMA-aligned MN-major strides
     ``(1, (K/128) * B_al, B_al)``, ``B_al = round_up(B, 4)``."""
+def mqa_logits(a):
+    """fp8_fp4_mqa_logits ((q, None): FP8 q) where the build has it, else the legacy fp8_mqa_logits;
+    both return a [T, S] view of a row-padded allocation, copied into the contiguous result. clean maps
+    to clean_logits (-inf outside [ks, ke), fused by DeepGEMM)."""
+    import deep_gemm
+
+    T, S = a.q.shape[0], a.k.shape[0]
+    if T == 0 or S == 0:
+        return torch.empty(T, S, device=a.q.device) if a.out is None else a.out
+    kv = (a.k, a.k_scale)
+    weights, ks, ke = a.weights.contiguous(), a.ks.contiguous(), a.ke.contiguous()
+    if hasattr(deep_gemm, "fp8_fp4_mqa_logits"):
+        logits = deep_gemm.fp8_fp4_mqa_logits((a.q, None), kv, weights, ks, ke, a.clean)
+    else:
+        logits = deep_gemm.fp8_mqa_logits(a.q, kv, weights, ks, ke, a.clean)
+    if a.out is None:
+        return logits.contiguous()
+    return a.out.copy_(logits)
+
+
     B, H, kb = a_scale.shape
     b_al = (B + 3) // 4 * 4
     buf = torch.zeros(H, kb, b_al, dtype=torch.float32, device=a_scale.device)

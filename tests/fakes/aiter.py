@@ -10,6 +10,7 @@ only; the bodies are our own plain-PyTorch models of what the kernels compute:
   6c5b27a8e584, modelled at KV_SPLITS == 1, the case that seeds the running max with the sink).
 - ``aiter/ops/triton/attention/pa_prefill_sparse.py::pa_prefill_sparse`` (commit 2038b2df470d, the
   v0.1.20 signature), gfx950 branch only (below).
+- ``aiter/ops/triton/attention/fp8_mqa_logits.py::fp8_mqa_logits`` (blob 8d33e29e4789), below.
 - ``aiter/ops/topk.py::top_k_per_row_{prefill,decode}`` (blob db701f913d41) over
   ``csrc/kernels/topk_per_row_kernels.cu`` (blob dd4bc62594e6): absolute column ids
   (``i + rowStart``), -1 past the row's count, ``stride1`` ignored.
@@ -295,20 +296,71 @@ def pa_prefill_sparse(
                          softmax_scale, attn_sink, None, None, None)
 
 
+# ------------------------------------------------------------------------------------------------
+# fp8_mqa_logits (v0.1.20, commit fc2e5d57fb5b: aiter/ops/triton/attention/fp8_mqa_logits.py blob
+# 8d33e29e4789, Triton kernel _triton_kernels/attention/fp8_mqa_logits.py blob de32438fb9d9;
+# unchanged at main e4048607a535; ``clean_logits`` from v0.1.15)
+
+def fp8_mqa_logits(
+    Q,
+    KV,
+    kv_scales,
+    weights,
+    cu_starts,
+    cu_ends,
+    clean_logits=True,
+):
+    """gfx942: OCP Q / KV recast to FNUZ (x 0.5) with kv_scales x 4; gfx950's Gluon kernel reads the
+    native (OCP) dtype. Per row: sum_h w_h relu(Q_h . KV_s * kv_scales_s) written for s in
+    [max(start, 0), min(end, S_kv)); the rest -inf (clean_logits) or left as allocated. Returns the
+    [S, S_kv] view of an [S, round_up(S_kv, 256)] allocation."""
+    seq_len, num_heads, head_size = Q.shape
+    seq_len_kv = KV.shape[0]
+    assert num_heads & (num_heads - 1) == 0, "num q. heads should be power of 2."
+    assert head_size & (head_size - 1) == 0, "head size should be power of 2."
+    assert num_heads >= 16, "tl.dot needs 16 rows (the Triton kernel puts the heads there)"
+    assert kv_scales.dtype == torch.float32 and kv_scales.shape == (seq_len_kv,)
+    assert weights.shape == (seq_len, num_heads) and cu_starts.dtype == cu_ends.dtype == torch.int32
+    assert cu_starts.stride(0) == cu_ends.stride(0) == 1, "the kernel reads cu_start_ptr + row_id"
+    fnuz = torch.float8_e4m3fnuz
+    if _arch() == "gfx942":
+        scale_mul = 1.0
+        if Q.dtype != fnuz:
+            Q, scale_mul = (Q.float() * 0.5).to(fnuz), scale_mul * 2
+        if KV.dtype != fnuz:
+            KV, scale_mul = (KV.float() * 0.5).to(fnuz), scale_mul * 2
+        kv_scales = kv_scales * scale_mul
+    else:
+        assert Q.dtype == KV.dtype == torch.float8_e4m3fn, "the gfx950 Gluon kernel reads OCP fp8"
+    aligned = (seq_len_kv + 255) // 256 * 256
+    logits = torch.full((seq_len, aligned), float("-inf") if clean_logits else 123.0)[:, :seq_len_kv]
+    scores = torch.einsum("shd,nd->shn", Q.float(), KV.float()) * kv_scales
+    values = torch.einsum("sh,shn->sn", weights.float(), scores.clamp_min(0))
+    cols = torch.arange(seq_len_kv)
+    window = (cols >= cu_starts.long().clamp_min(0)[:, None]) & (cols < cu_ends.long().clamp(max=seq_len_kv)[:, None])
+    logits[window] = values[window]
+    return logits
+
+
+def fp8_mqa_logits_v0_1_12(Q, KV, kv_scales, weights, cu_starts, cu_ends):
+    raise AssertionError("no clean_logits before v0.1.15")
+
+
 # The functions the adapters call, by the vendor module path (used by the signature drift test).
 CALLED = {
     "aiter.ops.triton.attention.pa_decode_sparse:pa_decode_sparse": pa_decode_sparse,
     "aiter.ops.topk:top_k_per_row_decode": top_k_per_row_decode,
     "aiter.ops.topk:top_k_per_row_prefill": top_k_per_row_prefill,
     "aiter.ops.triton.attention.pa_prefill_sparse:pa_prefill_sparse": pa_prefill_sparse,
+    "aiter.ops.triton.attention.fp8_mqa_logits:fp8_mqa_logits": fp8_mqa_logits,
 }
 
 
 def install(monkeypatch, version="0.1.20", wrap=None):
     """Put fake ``aiter`` modules in sys.modules. ``version`` "0.1.17" installs the pre-extra_cache
-    decode, "0.1.12" also the top-k without ``k``. ``wrap(path, fn)`` may wrap each called function."""
+    decode, "0.1.12" also the top-k without ``k`` and fp8_mqa_logits without ``clean_logits``. ``wrap(path, fn)`` may wrap each called function."""
     names = ["aiter", "aiter.ops", "aiter.ops.triton", "aiter.ops.triton.attention",
-             "aiter.ops.triton.attention.pa_decode_sparse", "aiter.ops.topk",
+             "aiter.ops.triton.attention.pa_decode_sparse", "aiter.ops.topk", "aiter.ops.triton.attention.fp8_mqa_logits",
              "aiter.ops.triton.attention.pa_prefill_sparse"]
     if version < "0.1.20":                       # pa_prefill_sparse off gfx1250 from 0.1.20
         names.pop()
@@ -321,6 +373,7 @@ def install(monkeypatch, version="0.1.20", wrap=None):
     if version < "0.1.15":
         fns["aiter.ops.topk:top_k_per_row_decode"] = top_k_per_row_decode_v0_1_12
         fns["aiter.ops.topk:top_k_per_row_prefill"] = top_k_per_row_prefill_v0_1_12
+        fns["aiter.ops.triton.attention.fp8_mqa_logits:fp8_mqa_logits"] = fp8_mqa_logits_v0_1_12
     for path, fn in fns.items():
         module, _, name = path.partition(":")
         setattr(modules[module], name, wrap(path, fn) if wrap else fn)
