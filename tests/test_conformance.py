@@ -75,6 +75,35 @@ def topk_ignoring_lengths(**kw):
                                 row_ends=torch.full((R,), W, dtype=torch.int32))
 
 
+def inv_rope_rotating_forward(**kw):
+    cs = kw["cos_sin_cache"]
+    return _ref("inv_rope_fp8_quant")(**{**kw, "cos_sin_cache": torch.cat([cs[:, :32], -cs[:, 32:]], dim=1)})
+
+
+def inv_rope_with_cache_floor(**kw):
+    a, scale = _ref("inv_rope_fp8_quant")(**kw)         # amax floor 1e-4 instead of 1e-10: all-zero blocks
+    zero = (a.view(torch.uint8) & 0x7F).view(*scale.shape, 128).amax(-1) == 0
+    return a, torch.where(zero, 2.0 ** -22, scale)
+
+
+def compress_rope_at_last_position(**kw):
+    cs, r = kw["cos_sin_cache"], kw["ratio"]
+    shifted = torch.cat([cs[r - 1:], cs[-1:].expand(r - 1, -1)])
+    return _ref("compress_kv_insert")(**{**kw, "cos_sin_cache": shifted})
+
+
+def compress_forgetting_ape(**kw):
+    return _ref("compress_kv_insert")(**{**kw, "ape": torch.zeros_like(kw["ape"])})
+
+
+def compress_writing_every_token(**kw):
+    _ref("compress_kv_insert")(**kw)
+    n = kw["slot_mapping"].shape[0]
+    other = ((kw["positions"][:n] + 1) % kw["ratio"] != 0) & (kw["slot_mapping"] >= 0)
+    rows = torch.zeros(int(other.sum()), 512)
+    dsv4ops.formats.write_kv(kw["kv_cache"], "fp8_ds_mla", kw["block_size"], kw["slot_mapping"][other], rows)
+
+
 BROKEN = [
     ("sparse_mla_decode", decode_ignoring_sink, dict(T=3, H=4, topk=32, layout="fp8_ds_mla")),
     ("indexer_topk", topk_absolute_indices, dict(R=4, W=300, k=16, mode="ranges")),
@@ -84,6 +113,13 @@ BROKEN = [
     ("fp8_einsum", einsum_ignoring_a_scale, dict(B=3, H=2, D=128, R=256)),
     ("sparse_mla_decode", decode_leaving_out_unwritten, dict(T=2, H=4, topk=32, layout="bf16", out=True)),
     ("indexer_topk", topk_ignoring_lengths, dict(R=4, W=100, k=8, mode="decode1d", next_n=2)),
+    ("inv_rope_fp8_quant", inv_rope_rotating_forward, dict(T=3, H=8, n_groups=2)),
+    ("inv_rope_fp8_quant", inv_rope_with_cache_floor, dict(T=3, H=8, n_groups=2, corner="zero_head")),
+    ("compress_kv_insert", compress_rope_at_last_position, dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 9),),
+                                                                block_size=4)),
+    ("compress_kv_insert", compress_forgetting_ape, dict(layout="index_fp8", ratio=4, reqs=((2, 7),), block_size=4)),
+    ("compress_kv_insert", compress_writing_every_token, dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 9),),
+                                                              block_size=4)),
 ]
 
 

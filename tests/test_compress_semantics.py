@@ -1,0 +1,87 @@
+"""compress_kv_insert against the model's own formulation of the compressor: the whole sequence
+pooled at once (windows of ``ratio`` tokens, for ratio 4 overlapped with the previous window
+through the first half of the projections), RMSNorm, RoPE at each window's first position. The
+op sees the same tokens split over several calls (prefill chunks, then decode steps), with the
+state cache carrying the incomplete windows; the compressed entries must agree."""
+import pytest
+import torch
+
+import dsv4ops
+from dsv4ops import formats
+from dsv4ops.conformance.inputs import cos_sin_cache
+from dsv4ops.ops.compress_kv_insert import LAYOUTS, overlap
+from dsv4ops.reference.rope import rotate
+
+
+def model_entries(kv, score, ape, weight, eps, ratio, cs):
+    """bf16-valued fp32 entries [L // ratio, D], the way the model computes them for a prompt."""
+    c = overlap(ratio)
+    D = kv.shape[1] // c
+    n = kv.shape[0] // ratio
+    kv = kv[: n * ratio].view(n, ratio, c * D)
+    score = score[: n * ratio].view(n, ratio, c * D) + ape
+    if c == 2:                                  # window i = previous window's tokens (dims [0, D)) + its own ([D, 2D))
+        kv2 = kv.new_zeros(n, 2 * ratio, D)
+        sc2 = score.new_full((n, 2 * ratio, D), float("-inf"))
+        kv2[:, ratio:], sc2[:, ratio:] = kv[:, :, D:], score[:, :, D:]
+        kv2[1:, :ratio], sc2[1:, :ratio] = kv[:-1, :, :D], score[:-1, :, :D]
+        kv, score = kv2, sc2
+    pooled = (kv * score.softmax(dim=1)).sum(dim=1)
+    normed = pooled * torch.rsqrt(pooled.square().mean(-1, keepdim=True) + eps) * weight
+    rows = cs[torch.arange(n) * ratio]
+    return rotate(normed, rows[:, :32], rows[:, 32:]).to(torch.bfloat16).float()
+
+
+def decoded(cache, layout, block_size, n):
+    if layout == "fp8_ds_mla":
+        return formats.read_kv(cache, layout, block_size, torch.arange(n))
+    return formats.unpack_index_keys(cache).reshape(-1, formats.INDEX_DIM)[:n]
+
+
+BACKENDS = [b.name for b in dsv4ops.backends() if b.available and b.name in ("reference", "triton")]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("layout,ratio,length,cuts", [
+    ("fp8_ds_mla", 4, 41, (10, 11, 23, 24, 25, 26)),
+    ("index_fp8", 4, 30, (3, 4, 17)),
+    ("fp8_ds_mla", 128, 300, (100, 128, 200, 255, 256, 257)),
+])
+def test_chunked_calls_match_the_model(backend, layout, ratio, length, cuts):
+    gen = torch.Generator().manual_seed(1)
+    c, D = overlap(ratio), LAYOUTS[layout]
+    kv = torch.randn(length, c * D, generator=gen)
+    score = 2 * torch.randn(length, c * D, generator=gen)
+    ape = 0.5 * torch.randn(ratio, c * D, generator=gen)
+    weight = 1 + 0.1 * torch.randn(D, generator=gen)
+    cs = cos_sin_cache(length + ratio)
+    sbs, bs = 4, 8
+    n_pages = -(-length // sbs)
+    state_table = torch.randperm(n_pages + 3, generator=gen)[:n_pages].to(torch.int32)[None]
+    state = torch.full((n_pages + 3, sbs, 2 * c * D), float("nan"))
+    entries = length // ratio
+    nb = -(-entries // bs)
+    if layout == "fp8_ds_mla":
+        cache = formats.allocate_kv_cache(nb, bs, layout)
+    else:
+        cache = torch.zeros(nb, bs, 1, formats.INDEX_TOKEN_BYTES, dtype=torch.uint8)
+    bounds = (0, *cuts, length)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        pos = torch.arange(a, b)
+        slots = torch.where((pos + 1) % ratio == 0, pos // ratio, -1)
+        dsv4ops.compress_kv_insert(kv[a:b], score[a:b], pos, ape, weight, cs, state,
+                                   state_table[0, pos // sbs].long() * sbs + pos % sbs, state_table,
+                                   torch.zeros(b - a, dtype=torch.int32), cache, slots, layout=layout, ratio=ratio,
+                                   block_size=bs, backend=backend)
+    want = model_entries(kv, score, ape, weight, 1e-6, ratio, cs)
+    if layout == "fp8_ds_mla":
+        expect = formats.allocate_kv_cache(nb, bs, layout)
+        formats.write_kv(expect, layout, bs, torch.arange(entries), want)
+    else:
+        keys = torch.zeros(nb * bs, formats.INDEX_DIM)
+        keys[:entries] = want
+        expect = formats.pack_index_keys(keys.view(nb, bs, -1), "ue8m0")
+    got, ref = decoded(cache, layout, bs, entries), decoded(expect, layout, bs, entries)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, ref, rtol=2 ** -3, atol=1e-6)    # within one fp8 step
+    assert (got == ref).float().mean() > 0.99                          # and almost all bit-equal
