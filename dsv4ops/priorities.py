@@ -14,14 +14,15 @@ from typing import Callable
 
 PRIORITY = {
     "flashmla": 100, "deepgemm": 100,        # vendor kernels measured fastest on SM90 (docs/perf/H100.md)
-    "flashinfer": 90, "aiter": 80, "xpu": 80,
+    "flashinfer": 90, "deepselect": 90, "aiter": 80, "xpu": 80,
     "triton": 50,                            # portable: any Triton target
     "reference": 0,                          # the definition of correct; last resort
 }
 PLUGIN_DEFAULT = 60
-# Per-op exceptions to PRIORITY: FlashInfer's top-k has not been measured against Triton's, so it
-# stays below it (it would otherwise win everywhere on CUDA).
-OP_PRIORITY = {("indexer_topk", "flashinfer"): 40}
+# Per-op exceptions to PRIORITY: FlashInfer's and DeepSelect's top-k have not been measured against
+# Triton's (nor run: SM100 only for DeepSelect), so they stay below it (FlashInfer's would otherwise
+# win everywhere on CUDA).
+OP_PRIORITY = {("indexer_topk", "flashinfer"): 40, ("indexer_topk", "deepselect"): 40}
 
 
 @dataclass(frozen=True)
