@@ -18,3 +18,7 @@ class UnsupportedError(Dsv4opsError, RuntimeError):
 
 class ConfigError(Dsv4opsError, ValueError):
     """A malformed ``DSV4OPS_BACKEND`` (or other ``DSV4OPS_*``) setting."""
+
+
+class VerificationError(Dsv4opsError, RuntimeError):
+    """``DSV4OPS_VERIFY=...,raise``: a backend's result differed from the reference (docs/verify.md)."""

@@ -1,0 +1,180 @@
+"""``DSV4OPS_VERIFY``: re-run a sampled fraction of calls on the reference and compare (docs/verify.md).
+
+``parse_verify(value)`` reads the setting; ``wrap(op, impl, rate, action)`` returns ``impl`` with
+every ``round(1 / rate)``-th call (the first included) verified: the tensors the op may write are
+copied before ``impl`` runs, the reference runs on the copies, and the op's conformance rule
+(``conformance/compare.py``) judges ``impl``'s result. A mismatch saves the call's inputs with
+``torch.save`` and is logged (logger ``dsv4ops.verify``) or raised as ``VerificationError``, by
+setting; ``replay(path)`` runs a saved call again. Calls under CUDA-graph capture or
+``torch.compile`` tracing are never verified. Off, nothing is wrapped: it costs nothing.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from . import registry
+from .errors import ConfigError, VerificationError
+from .formats import Layout
+
+ENV = "DSV4OPS_VERIFY"
+ACTIONS = ("log", "raise")
+log = logging.getLogger("dsv4ops.verify")
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """``rate``: the fraction of calls verified (0: off); ``action``: "log" or "raise" on a
+    mismatch; ``dump_dir``: where a mismatching call's inputs are saved."""
+
+    rate: float = 0.0
+    action: str = "log"
+    dump_dir: str = os.path.join(tempfile.gettempdir(), "dsv4ops-verify")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rate > 0
+
+
+def parse_verify(value: str) -> VerifyConfig:
+    """``"RATE[,log|raise][,dump=DIR]"`` -> VerifyConfig; ``""``, ``"0"`` or ``"off"``: off.
+
+    RATE is a fraction in (0, 1] (``1``: every call). ConfigError names what is wrong."""
+    items = [item.strip() for item in value.split(",")]
+    if items in ([""], ["0"], ["off"]):
+        return VerifyConfig()
+    try:
+        rate = float(items[0])
+    except ValueError:
+        rate = float("nan")
+    if not 0 < rate <= 1:                        # NaN fails too
+        raise ConfigError(f"{ENV}={value!r}: the rate {items[0]!r} must be a fraction in (0, 1] "
+                          f"(e.g. 0.01 for one call in 100), or 0/off")
+    action, dump_dir = None, VerifyConfig.dump_dir
+    for item in items[1:]:
+        name, eq, arg = item.partition("=")
+        if not eq and item in ACTIONS and action is None:
+            action = item
+        elif eq and name.strip() == "dump" and arg.strip():
+            dump_dir = arg.strip()
+        else:
+            raise ConfigError(f"{ENV}={value!r}: bad option {item!r}; expected 'RATE[,log|raise][,dump=DIR]' "
+                              f"(the action at most once)")
+    return VerifyConfig(rate, action or "log", dump_dir)
+
+
+def wrap(op, impl: Callable[[Any], Any], rate: float, action: str = "log", *, backend: str | None = None,
+         dump_dir: str = VerifyConfig.dump_dir) -> Callable[[Any], Any]:
+    """``impl`` (an implementation of ``op``, an ``Op`` or its name, taking the typed args) with
+    every ``round(1 / rate)``-th call, the first included, verified against the reference.
+    ``impl`` itself when ``rate`` is 0, when ``impl`` is the reference, or when the op has no rule."""
+    from .conformance.compare import RULES
+
+    op = registry.get_op(op) if isinstance(op, str) else op
+    if action not in ACTIONS:
+        raise ConfigError(f"{ENV}: action {action!r} must be one of {', '.join(ACTIONS)}")
+    reference = registry.get_backend("reference").implementations[op.name][0].fn
+    if rate <= 0 or impl is reference:
+        return impl
+    if op.name not in RULES:
+        log.warning("%s: %s has no comparison rule; its calls are not verified", ENV, op.name)
+        return impl
+    period = max(1, round(1 / rate))
+    counter = itertools.count()
+    written = [a.name for a in op.spec.args if a.is_tensor and (a.mutated or op.spec.out_variant_only)]
+    label = backend or getattr(impl, "__module__", None) or repr(impl)
+
+    def verified(args):
+        if next(counter) % period or _tracing(args):
+            return impl(args)
+        return _verify(op, impl, reference, args, written, label, action, dump_dir)
+
+    verified.__wrapped__ = impl
+    return verified
+
+
+def _tracing(args) -> bool:
+    """CUDA-graph capture, torch.compile tracing or shape-only tensors: nothing to compare."""
+    if torch.compiler.is_compiling():
+        return True
+    if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+        return True
+    return any(isinstance(v, torch.Tensor) and v.device.type == "meta" for v in args)
+
+
+def _copy(args, names):
+    return args._replace(**{n: getattr(args, n).clone() for n in names if getattr(args, n) is not None})
+
+
+def _verify(op, impl, reference, args, written, label, action, dump_dir):
+    from .conformance.compare import RULES
+
+    before = _copy(args, written)                 # the written tensors as the caller passed them
+    result = impl(args)
+    try:
+        ref_args = _copy(before, written)
+        ref_result = reference(ref_args)
+        verdict = RULES[op.name](None, ref_args._asdict(), ref_result, args._asdict(), result)
+    except Exception as exc:                      # verifying must never break a call that succeeded
+        log.warning("%s: could not verify %s on %s: %s: %s", ENV, op.name, label, type(exc).__name__, exc)
+        return result
+    if not verdict.ok:
+        inputs = before._replace(**{n: getattr(args, n) for n in args._fields if n not in written})
+        message = _report(op, label, inputs, verdict, _dump(op, label, inputs, verdict, dump_dir))
+        if action == "raise":
+            raise VerificationError(message)
+        log.error("%s", message)
+    return result
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        dtype = str(value.dtype).replace("torch.", "")
+        return f"{dtype}{list(value.shape)} stride {tuple(value.stride())} on {value.device}"
+    return repr(value)
+
+
+def _report(op, label, inputs, verdict, saved: str) -> str:
+    args = "; ".join(f"{n}={_describe(v)}" for n, v in zip(inputs._fields, inputs))
+    worst = f" (worst error {verdict.worst:.3g} x the tolerance)" if verdict.worst else ""
+    return f"{ENV}: {op.name} on {label} differs from the reference: {verdict.message}{worst}. Inputs: {args}. {saved}"
+
+
+def _dump(op, label, inputs, verdict, dump_dir: str) -> str:
+    """Save the call's inputs (on the CPU) for ``replay``; the sentence that says where."""
+    kwargs = {n: v.detach().cpu() if isinstance(v, torch.Tensor) else v.name if isinstance(v, Layout) else v
+              for n, v in zip(inputs._fields, inputs)}
+    path = os.path.join(dump_dir, f"{op.name}-{label.rpartition('.')[2]}-{time.strftime('%Y%m%dT%H%M%S')}-"
+                                  f"{os.getpid()}-{time.monotonic_ns()}.pt")
+    device = next((str(v.device) for v in inputs if isinstance(v, torch.Tensor)), "cpu")
+    try:
+        os.makedirs(dump_dir, exist_ok=True)
+        torch.save(dict(op=op.name, backend=label, device=device, message=verdict.message, kwargs=kwargs), path)
+    except Exception as exc:
+        return f"The inputs could not be saved to {dump_dir}: {type(exc).__name__}: {exc}."
+    return f"Inputs saved to {path}; rerun: python -c \"import dsv4ops.verify as v; print(v.replay({path!r}))\""
+
+
+def replay(path: str, backend: str | None = None, device: str | None = None):
+    """Run a call saved by a mismatch again: ``backend`` (default: the one recorded, if it is a
+    backend name, else the priority choice) against the reference, on ``device`` (default: the
+    recorded one). Returns the rule's Verdict."""
+    from .conformance.compare import RULES
+    from .conformance.runner import clone_kwargs, run_reference
+
+    saved = torch.load(path, weights_only=True)
+    device = device or saved["device"]
+    kwargs = {n: v.to(device) if isinstance(v, torch.Tensor) else v for n, v in saved["kwargs"].items()}
+    if backend is None and saved["backend"] in registry.backend_names():
+        backend = saved["backend"]
+    ref_kwargs, got_kwargs = clone_kwargs(kwargs), clone_kwargs(kwargs)
+    ref = run_reference(saved["op"], ref_kwargs)
+    got = registry.get_op(saved["op"]).function(**got_kwargs, backend=backend)
+    return RULES[saved["op"]](None, ref_kwargs, ref, got_kwargs, got)
