@@ -50,6 +50,7 @@ def production_cases() -> list[Case]:
         c("fp8_einsum", B=1024, H=8, D=1024, R=4096),
         c("indexer_topk", R=128, W=32768, k=512, mode="decode2d"),
         c("indexer_topk", R=128, W=32768, k=1024, mode="decode2d"),
+        c("mqa_logits", T=4096, S=32768, H=64, ranges="causal"),
         c("inv_rope_fp8_quant", T=128, H=64, n_groups=8),
         c("inv_rope_fp8_quant", T=4096, H=64, n_groups=8),
         c("compress_kv_insert", layout="fp8_ds_mla", ratio=4, reqs=((0, 8192),), block_size=64),
@@ -66,6 +67,8 @@ def sweep_cases() -> list[Case]:
             for B in (8, 128) for ctx in (2048, 8192, 32768)]
     out += [c("fp8_einsum", B=B, H=8, D=1024, R=4096) for B in (1, 32, 128, 512, 2048)]
     out += [c("indexer_topk", R=R, W=W, k=512, mode="decode2d") for R in (8, 128) for W in (4096, 32768)]
+    out += [c("mqa_logits", T=T, S=S, H=64, ranges=r) for T, S in ((1024, 8192), (4096, 32768), (8192, 65536))
+            for r in ("causal", "requests")]
     return out
 
 
@@ -99,6 +102,11 @@ def cost(op: str, kw: dict) -> tuple[int, int]:
         D = kw["b"].shape[1]
         out = B * H * D * (2 if kw["out_dtype"] == torch.bfloat16 else 4)
         return _nbytes(kw["a"], kw["a_scale"], kw["b"], kw["b_scale"]) + out, 2 * B * H * D * R
+    if op == "mqa_logits":
+        (T, H, D), S = kw["q"].shape, kw["k"].shape[0]
+        pairs = int((kw["ke"].long() - kw["ks"].long()).sum())          # (row, key) scores in the ranges
+        written = T * S if kw["clean"] else pairs
+        return _nbytes(kw["q"], kw["k"], kw["k_scale"], kw["weights"], kw["ks"], kw["ke"]) + written * 4, 2 * pairs * H * D
     if op == "indexer_topk":
         R, W = kw["logits"].shape
         return R * W * 4 + R * kw["k"] * 4, 0
@@ -244,7 +252,7 @@ def bench(case_list: list[Case], backend_names: list[str], device, ceilings: Cei
                        tflops=flops / us / 1e6 if flops else None)
             if ceilings:
                 t.bandwidth_fraction = t.gbps / ceilings.copy_gbps
-                rate = ceilings.fp8_tflops if case.op in ("fp8_einsum", "paged_mqa_logits") else ceilings.bf16_tflops
+                rate = ceilings.fp8_tflops if case.op in ("fp8_einsum", "paged_mqa_logits", "mqa_logits") else ceilings.bf16_tflops
                 t.compute_fraction = t.tflops / rate if (t.tflops and rate) else None
             case_rows.append(t)
         timed = [t.us for t in case_rows if t.us]
@@ -281,6 +289,7 @@ TINY = {
     "paged_mqa_logits": dict(B=1, next_n=1, context=64, H=64, block_size=64),
     "fp8_einsum": dict(B=1, H=1, D=128, R=128),
     "indexer_topk": dict(R=4, W=128, k=16, mode="decode2d"),
+    "mqa_logits": dict(T=4, S=64, H=64),
     "inv_rope_fp8_quant": dict(T=1, H=8, n_groups=1),
     "compress_kv_insert": dict(layout="fp8_ds_mla", ratio=4, reqs=((3, 1),), block_size=64),
 }

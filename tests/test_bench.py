@@ -40,3 +40,14 @@ def test_cost_model_einsum_and_decode():
 
 def test_shape_lists_are_valid_cases():
     assert all(c.op for c in production_cases() + sweep_cases())
+
+
+def test_cost_model_mqa_logits():
+    """Scores inside the ranges only; written bytes: those scores, or the whole [T, S] with clean."""
+    T, H, S = 3, 64, 10
+    kw = dict(q=torch.empty(T, H, 128, dtype=torch.float8_e4m3fn), k=torch.empty(S, 128, dtype=torch.float8_e4m3fn),
+              k_scale=torch.empty(S), weights=torch.empty(T, H), ks=torch.tensor([0, 2, 5], dtype=torch.int32),
+              ke=torch.tensor([4, 2, 10], dtype=torch.int32), clean=False)
+    inputs = T * H * 128 + S * 128 + S * 4 + T * H * 4 + 2 * T * 4
+    assert cost("mqa_logits", kw) == (inputs + 9 * 4, 2 * 9 * H * 128)
+    assert cost("mqa_logits", {**kw, "clean": True}) == (inputs + T * S * 4, 2 * 9 * H * 128)
