@@ -295,17 +295,16 @@ TINY = {
 }
 
 def _best_of(fns, device, calls: int, rounds: int) -> list[float]:
-    """Host µs per call of each of ``fns``, timed in alternation ``rounds`` times ``calls`` calls;
-    the best round counts (host noise only ever adds time)."""
+    """Host µs per call of each of ``fns``, timed in alternation ``rounds`` times ``calls`` calls with
+    ``timeit`` (garbage collection off, as for any Python micro-benchmark); the best round counts
+    (host noise only ever adds time)."""
     best = [float("inf")] * len(fns)
     for _ in range(rounds):
         for i, fn in enumerate(fns):
             fn()
             _sync(device)
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            best[i] = min(best[i], (time.perf_counter() - start) * 1e6 / calls)
+            seconds = timeit.Timer(fn).timeit(calls)
+            best[i] = min(best[i], seconds * 1e6 / calls)
             _sync(device)
     return best
 

@@ -203,21 +203,22 @@ _FAST_PATH = """\
 
 
 def _structure_terms(spec: OpSpec, ref: Callable[[str], str]) -> list[str]:
-    """The structure key of a call, as expressions over the arguments: per tensor dtype, device (the
-    first tensor's in full, the others' index), shape and strides; every other value with its type."""
-    def meta(r: str, device: str) -> str:
-        return f"{r}.dtype, {r}.{device}, {r}.shape, {r}.stride()"
+    """The structure key of a call, as expressions over the arguments: per tensor dtype, device index
+    (-1 for the CPU and meta; a process has one accelerator type), shape and strides; every other
+    value with its type."""
+    def meta(r: str) -> str:
+        return f"{r}.dtype, {r}.get_device(), {r}.shape, {r}.stride()"
 
     terms, first = [], True
     for a in spec.args:
         r = ref(a.name)
         if a.type is torch.Tensor:
-            terms.append(meta(r, "device" if first else "get_device()"))
+            terms.append(meta(r))
             first = False
         elif a.type == Optional[torch.Tensor]:
-            terms.append(f"None if {r} is None else ({meta(r, 'get_device()')})")
+            terms.append(f"None if {r} is None else ({meta(r)})")
         elif a.type == Scale:
-            terms.append(f"{r}.__class__, ({meta(r, 'get_device()')}) if isinstance({r}, Tensor) else {r}")
+            terms.append(f"{r}.__class__, ({meta(r)}) if isinstance({r}, Tensor) else {r}")
         elif a.type in (int, float, bool, Optional[int]):
             terms.append(f"{r}.__class__, {r}")          # 16.0 == 16 and 0 == False, but not valid alike
         else:
