@@ -20,12 +20,14 @@ import torch
 
 from .inputs import BUILDERS
 
+_SPARSE_MLA = {"indices": ("sliced", "transposed", "expanded"), "topk_lens": ("sliced",),
+               "attn_sink": ("sliced", "expanded"), "extra_indices": ("sliced", "transposed"),
+               "extra_topk_lens": ("sliced",)}
 LAYOUTS = {
     "qnorm_rope_kv_insert": {"kv": ("sliced", "expanded"), "positions": ("sliced", "expanded"),
                              "slot_mapping": ("sliced",)},
-    "sparse_mla_decode": {"indices": ("sliced", "transposed", "expanded"), "topk_lens": ("sliced",),
-                          "attn_sink": ("sliced", "expanded"), "extra_indices": ("sliced", "transposed"),
-                          "extra_topk_lens": ("sliced",)},
+    "sparse_mla_decode": _SPARSE_MLA,
+    "sparse_mla_prefill": _SPARSE_MLA,           # the same arguments and checks
     "paged_mqa_logits": {"weights": ("sliced", "transposed", "expanded"),
                          "context_lens": ("sliced", "transposed", "expanded"),
                          "block_table": ("sliced", "transposed", "expanded")},
@@ -42,6 +44,8 @@ BASES = {
         "qnorm_rope_kv_insert": [dict(T=5, H=3, layout="fp8_ds_mla", block_size=16, num_blocks=3, out=True)],
         "sparse_mla_decode": [dict(T=3, H=5, topk=32, layout="fp8_ds_mla", block_size=16, extra_topk=32,
                                    extra_block_size=16, out=True)],
+        "sparse_mla_prefill": [dict(T=3, H=16, topk=32, layout="fp8_ds_mla", block_size=16, extra_topk=32,
+                                    extra_block_size=16, out=True)],
         "paged_mqa_logits": [dict(B=3, next_n=3, context=40, H=4, block_size=16, lens_dim=2, clean=True, out=True)],
         "fp8_einsum": [dict(B=5, H=2, D=256, R=256, out=True)],
         "indexer_topk": [dict(R=6, W=300, k=16, mode="ranges", out=True),
@@ -51,6 +55,8 @@ BASES = {
         "qnorm_rope_kv_insert": [dict(T=64, H=64, layout="fp8_ds_mla", block_size=64, num_blocks=8, out=True)],
         "sparse_mla_decode": [dict(T=32, H=64, topk=128, layout="fp8_ds_mla", block_size=64, extra_topk=512,
                                    extra_block_size=64, out=True)],
+        "sparse_mla_prefill": [dict(T=512, H=64, topk=128, layout="fp8_ds_mla", block_size=64, extra_topk=512,
+                                    extra_block_size=64, out=True)],
         "paged_mqa_logits": [dict(B=8, next_n=2, context=2048, H=64, block_size=64, lens_dim=2, clean=True,
                                   out=True)],
         "fp8_einsum": [dict(B=64, H=8, D=1024, R=4096, out=True)],
