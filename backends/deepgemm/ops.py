@@ -3,16 +3,19 @@ from __future__ import annotations
 
 import torch
 
+from dsv4ops.backend_support import dense
 from dsv4ops.ops._rows import decode_row_ends
 from dsv4ops.platform import multiprocessors
 
 
 def paged_mqa_logits(a):
-    """Both API generations; 1-D lengths are expanded to the 2-D form this build requires."""
+    """Both API generations; 1-D lengths are expanded to the 2-D form this build requires; weights and
+    block_table are passed dense (the dsv4ops contract accepts any strides)."""
     import deep_gemm
 
     B, next_n = a.q.shape[:2]
     rows = B * next_n
+    weights, table = dense(a.weights), dense(a.block_table)
     limits = decode_row_ends(a.context_lens, next_n)
     if B == 0 or a.max_context_len == 0:
         result = torch.empty(rows, a.max_context_len, device=a.q.device)
@@ -20,10 +23,10 @@ def paged_mqa_logits(a):
     ctx = limits.view(B, next_n).to(torch.int32)
     meta = deep_gemm.get_paged_mqa_logits_metadata(ctx, a.kv_cache.shape[1], multiprocessors(a.q.device))
     if hasattr(deep_gemm, "fp8_fp4_paged_mqa_logits"):
-        logits = deep_gemm.fp8_fp4_paged_mqa_logits((a.q, None), a.kv_cache, a.weights, ctx, a.block_table, meta,
+        logits = deep_gemm.fp8_fp4_paged_mqa_logits((a.q, None), a.kv_cache, weights, ctx, table, meta,
                                                     a.max_context_len)
     else:
-        logits = deep_gemm.fp8_paged_mqa_logits(a.q, a.kv_cache, a.weights, ctx, a.block_table, meta, a.max_context_len,
+        logits = deep_gemm.fp8_paged_mqa_logits(a.q, a.kv_cache, weights, ctx, table, meta, a.max_context_len,
                                                 False)
     logits = logits[:, :a.max_context_len]
     if a.clean:
@@ -34,9 +37,6 @@ def paged_mqa_logits(a):
     return a.out.copy_(logits)
 
 
-def mn_major_scales(a_scale: torch.Tensor) -> torch.Tensor:
-    """fp32 [B, H, K/128] -> the same values with DeepGEMM's SM90 TMA-aligned MN-major strides
-    ``(1, (K/128) * B_al, B_al)``, ``B_al = round_up(B, 4)``."""
 def mqa_logits(a):
     """fp8_fp4_mqa_logits ((q, None): FP8 q) where the build has it, else the legacy fp8_mqa_logits;
     both return a [T, S] view of a row-padded allocation, copied into the contiguous result. clean maps
@@ -57,6 +57,9 @@ def mqa_logits(a):
     return a.out.copy_(logits)
 
 
+def mn_major_scales(a_scale: torch.Tensor) -> torch.Tensor:
+    """fp32 [B, H, K/128] -> the same values with DeepGEMM's SM90 TMA-aligned MN-major strides
+    ``(1, (K/128) * B_al, B_al)``, ``B_al = round_up(B, 4)``."""
     B, H, kb = a_scale.shape
     b_al = (B + 3) // 4 * 4
     buf = torch.zeros(H, kb, b_al, dtype=torch.float32, device=a_scale.device)
@@ -73,5 +76,5 @@ def fp8_einsum(args):
     d = torch.empty(B, H, D, dtype=args.out_dtype, device=args.a.device) if args.out is None else args.out
     if B == 0:
         return d
-    deep_gemm.fp8_einsum(args.equation, (args.a, mn_major_scales(args.a_scale)), (args.b, args.b_scale), d)
+    deep_gemm.fp8_einsum(args.equation, (args.a, mn_major_scales(args.a_scale)), (args.b, dense(args.b_scale)), d)
     return d
