@@ -54,8 +54,9 @@ class Implementation:
         return self._fn
 
     def decline_reason(self, plat: Platform, key) -> str | None:
-        """None when this implementation can serve the call on ``plat``, else why not; a check
-        that raises declines with the exception as the reason (it must not break other backends)."""
+        """None when this implementation can serve the call on ``plat`` (its target imported), else
+        why not; a check that raises declines with the exception as the reason (it must not break
+        other backends)."""
         try:
             reason = self.backend.decline_reason(plat)
             if reason is None:
@@ -64,7 +65,13 @@ class Implementation:
                 reason = self.supports(plat, key)
         except _CHECK_FAILURES as exc:
             return f"capability check raised {type(exc).__name__}: {exc}"
-        return None if reason is None else str(reason)
+        if reason is not None:
+            return str(reason)
+        try:
+            self.fn
+        except _CHECK_FAILURES as exc:
+            return f"cannot load {self.target}: {type(exc).__name__}: {exc}"
+        return None
 
 
 @dataclass

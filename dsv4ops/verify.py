@@ -74,10 +74,21 @@ def wrap(op, impl: Callable[[Any], Any], rate: float, action: str = "log", *, ba
          dump_dir: str = VerifyConfig.dump_dir) -> Callable[[Any], Any]:
     """``impl`` (an implementation of ``op``, an ``Op`` or its name, taking the typed args) with
     every ``round(1 / rate)``-th call, the first included, verified against the reference.
-    ``impl`` itself when ``rate`` is 0, when ``impl`` is the reference, or when the op has no rule."""
+    ``impl`` itself when ``rate`` is 0, when ``impl`` is the reference, or when the op has no rule.
+    Wrapping the same implementation again returns the same wrapper (the sampling continues)."""
+    op = registry.get_op(op) if isinstance(op, str) else op
+    key = (op.name, impl, rate, action, backend, dump_dir)
+    if key not in _wrappers:                     # one sampling counter per (op, implementation, setting)
+        _wrappers[key] = _wrap(op, impl, rate, action, backend, dump_dir)
+    return _wrappers[key]
+
+
+_wrappers: dict[tuple, Callable[[Any], Any]] = {}
+
+
+def _wrap(op, impl, rate, action, backend, dump_dir):
     from .conformance.compare import RULES
 
-    op = registry.get_op(op) if isinstance(op, str) else op
     if action not in ACTIONS:
         raise ConfigError(f"{ENV}: action {action!r} must be one of {', '.join(ACTIONS)}")
     reference = registry.get_backend("reference").implementations[op.name][0].fn

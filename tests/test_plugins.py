@@ -118,6 +118,18 @@ def test_raising_preference_declines_the_preferred_backend(plugins, monkeypatch)
     assert _status(d)["prefers"].startswith("preference over reference raised AttributeError")
 
 
+def test_target_that_cannot_be_imported_declines(plugins):
+    plugins("bad_target", """
+        from dsv4ops.registry import Backend, register_backend
+        B = register_backend(Backend("bad_target", ("cpu",)))
+        B.implements("indexer_topk", "no_such_module_xyz.kernels:topk", priority=99)
+    """)
+    kw = topk_args()
+    dsv4ops.indexer_topk(**kw)                                  # the next backend serves
+    status = _status(dsv4ops.explain("indexer_topk", **kw))["bad_target"]
+    assert status.startswith("cannot load no_such_module_xyz.kernels:topk: ModuleNotFoundError")
+
+
 @pytest.mark.parametrize("body,reason", [
     ("raise SystemExit(2)", "failed to load: SystemExit: 2"),
     ("raise KeyboardInterrupt()", "failed to load: KeyboardInterrupt"),
