@@ -1,4 +1,4 @@
-"""Reference for sparse_mla_prefill (docs/ops.md §2 "Math", which op 6 shares): the decode reference
+"""Reference for sparse_mla_prefill (docs/ops.md §10, whose math is §2): the decode reference
 applied to chunks of query tokens, so that production prefill shapes (T = 8192, 1152 selected rows,
 128 heads) fit in memory."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Op 6 (docs/ops.md §6): sparse MQA prefill, the many-token counterpart of sparse_mla_decode.
+"""docs/ops.md §10: sparse MQA prefill, the many-token counterpart of sparse_mla_decode.
 
 Same arguments, checks and semantics as sparse_mla_decode (one index row per query token over the
 SWA cache plus an optional compressed cache, attention sink, lonely-row rule); a separate op because
