@@ -44,6 +44,11 @@ def production_cases() -> list[Case]:
           lens="full"),
         c("sparse_mla_decode", T=512, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64,
           lens="full"),
+        # prefill: 128 SWA rows + the C4 top-k over a 32K-row compressed cache (a 128K-token context)
+        c("sparse_mla_prefill", T=4096, H=128, topk=128, layout="fp8_ds_mla", extra_topk=1024, extra_block_size=64,
+          extra_slots=32768, lens="full"),
+        c("sparse_mla_prefill", T=4096, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64,
+          extra_slots=32768, lens="full"),
         c("paged_mqa_logits", B=128, next_n=1, context=8192, H=64, block_size=64),
         c("paged_mqa_logits", B=64, next_n=2, context=8192, H=64, block_size=64),
         c("fp8_einsum", B=128, H=8, D=1024, R=4096),
@@ -63,6 +68,8 @@ def sweep_cases() -> list[Case]:
     c = lambda op, **kw: make_case(op, "full", **kw)
     out = [c("sparse_mla_decode", T=T, H=H, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64,
              lens="full") for H in (16, 64, 128) for T in (1, 8, 32, 128, 512)]
+    out += [c("sparse_mla_prefill", T=T, H=H, topk=128, layout="fp8_ds_mla", extra_topk=1024 if H == 128 else 512,
+              extra_block_size=64, extra_slots=32768, lens="full") for H in (64, 128) for T in (512, 2048, 8192)]
     out += [c("paged_mqa_logits", B=B, next_n=1, context=ctx, H=64, block_size=64)
             for B in (8, 128) for ctx in (2048, 8192, 32768)]
     out += [c("fp8_einsum", B=B, H=8, D=1024, R=4096) for B in (1, 32, 128, 512, 2048)]
@@ -85,6 +92,12 @@ def _selected(idx, lens):
 
 def cost(op: str, kw: dict) -> tuple[int, int]:
     """(bytes, flops) a kernel must move / do at least: each input read once, each output written once."""
+    if op == "sparse_mla_prefill":                  # compute-bound: every cache byte read once
+        T, H, D = kw["q"].shape
+        rows = _selected(kw["indices"], kw.get("topk_lens"))
+        if kw.get("extra_indices") is not None:
+            rows += _selected(kw["extra_indices"], kw.get("extra_topk_lens"))
+        return _nbytes(kw["kv_cache"], kw.get("extra_kv_cache")) + 2 * _nbytes(kw["q"]) + T * H * 4, 4 * rows * H * D
     if op == "sparse_mla_decode":
         rows = _selected(kw["indices"], kw.get("topk_lens"))
         if kw.get("extra_indices") is not None:
@@ -286,6 +299,7 @@ def _line(t: Timing) -> str:
 TINY = {
     "qnorm_rope_kv_insert": dict(T=1, H=8, layout="fp8_ds_mla", block_size=64, num_blocks=1),
     "sparse_mla_decode": dict(T=1, H=8, topk=64, layout="fp8_ds_mla", extra_topk=64, extra_block_size=64),
+    "sparse_mla_prefill": dict(T=4, H=16, topk=64, layout="fp8_ds_mla", extra_topk=64, extra_block_size=64),
     "paged_mqa_logits": dict(B=1, next_n=1, context=64, H=64, block_size=64),
     "fp8_einsum": dict(B=1, H=1, D=128, R=128),
     "indexer_topk": dict(R=4, W=128, k=16, mode="decode2d"),

@@ -177,6 +177,14 @@ def cmd_bench(args) -> int:
     return bench.main(args)
 
 
+def cmd_tune(args) -> int:
+    from . import tune
+
+    args.ops, args.backends = parse_ops(args.ops), parse_backends(args.backends)
+    open_output(args.out, "--out").close()
+    return tune.main(args)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="dsv4ops", description="DeepSeek-V4 attention ops across vendor backends",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -209,6 +217,15 @@ def main(argv=None) -> int:
     bench.add_argument("--tiny", action="store_true", help="one tiny case per op (a smoke run, CPU included)")
     bench.add_argument("--overhead", action="store_true", help="only the dispatch overhead (GPU)")
     bench.set_defaults(fn=cmd_bench)
+
+    tune = command("tune", "time every available backend per op and shape bucket here; write the selection "
+                           "table dispatch consults (DSV4OPS_TUNING_TABLE)")
+    tune.add_argument("--ops", help="comma-separated ops (default: all)")
+    tune.add_argument("--backends", help="comma-separated backends (default: every registered one but reference)")
+    tune.add_argument("--shapes", choices=("production", "sweep", "all"), default="all",
+                      help="which shape set to measure (see bench --shapes)")
+    tune.add_argument("--out", required=True, help="the table to write (JSON)")
+    tune.set_defaults(fn=cmd_tune)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

@@ -110,6 +110,10 @@ class DispatchKey:
     def get(self, name: str, default=None):
         return object.__getattribute__(self, "_fields").get(name, default)
 
+    def items(self):
+        """(name, value) of every field, in argument order (TensorMeta for tensors)."""
+        return object.__getattribute__(self, "_fields").items()
+
     def __setattr__(self, name, value):
         raise AttributeError("a DispatchKey is read-only")
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import priorities, registry, settings
+from . import priorities, registry, settings, tuning_table
 from .device_guard import bound_to
 from .errors import ConfigError, UnsupportedError
 from .platform import Platform, platform
@@ -89,7 +89,7 @@ class Decision:
 
     op: str
     platform: Platform
-    source: str                          # "backend= argument", "DSV4OPS_BACKEND", or "priority"
+    source: str            # "backend= argument", "DSV4OPS_BACKEND", "priority" or "tuning table <path>"
     selected: registry.Implementation | None
     candidates: list[Candidate]
     error: str | None = None
@@ -107,12 +107,15 @@ class Decision:
         return head + "\n" + render_table(("implementation", "priority", "status"), rows)
 
 
-def _ordered(call, plat: Platform) -> list[tuple[int, registry.Implementation]]:
-    """Implementations by effective priority: the table's, with measured preferences applied."""
+def _ordered(call, plat: Platform, measured: str | None) -> list[tuple[int, registry.Implementation]]:
+    """Implementations by effective priority: the table's, with measured preferences applied, and
+    the tuning table's ``measured`` choice (if any) first."""
     impls = registry.implementations(call.op)
     prefs = priorities.preferred(call.op, plat.key, call.key)
     base = {i.backend.name: max(j.priority for j in impls if j.backend.name == i.backend.name) for i in impls}
-    ranked = [(base[prefs[i.backend.name]] + 1 if prefs.get(i.backend.name) in base else i.priority, i)
+    top = max(base.values(), default=0) + 1
+    ranked = [(top if i.backend.name == measured else
+               base[prefs[i.backend.name]] + 1 if prefs.get(i.backend.name) in base else i.priority, i)
               for i in impls]
     return sorted(ranked, key=lambda r: -r[0])
 
@@ -124,15 +127,15 @@ def decide(call, backend: str | None = None, *, evaluate_all: bool = False) -> D
     alone, and a backend's probe runs only when it is a candidate. ``evaluate_all`` (``explain``)
     also asks the remaining wanted ones, to report why each would or would not serve."""
     plat = platform(call.device)
-    ranked = _ordered(call, plat)
     choice = env_choice(call.op)           # a malformed DSV4OPS_BACKEND is an error even when overridden
+    measured = tuning_table.measured_choice(plat, call.op, call.key) if backend is None and choice is None else None
+    ranked = _ordered(call, plat, measured[0] if measured else None)
     if backend is not None:
         source, wanted, strict = "backend= argument", (backend,), True
+    elif choice is not None:
+        source, wanted, strict = ENV, choice.backends, choice.strict
     else:
-        if choice is not None:
-            source, wanted, strict = ENV, choice.backends, choice.strict
-        else:
-            source, wanted, strict = "priority", tuple(dict.fromkeys(i.backend.name for _, i in ranked)), False
+        source, wanted, strict = "priority", tuple(dict.fromkeys(i.backend.name for _, i in ranked)), False
 
     reasons: dict[int, str | None] = {}
     selected = None
@@ -173,6 +176,8 @@ def decide(call, backend: str | None = None, *, evaluate_all: bool = False) -> D
         else:
             status = "available, " + ("lower priority" if source == "priority" else "later in the list")
         candidates.append(Candidate(impl.backend.name, impl.name, prio, status))
+    if measured and selected is not None and selected.backend.name == measured[0]:
+        source = f"tuning table {measured[1]}"
     return Decision(call.op, plat, source, selected, candidates, error)
 
 

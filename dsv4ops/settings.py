@@ -19,6 +19,7 @@ VARIABLES = {
     "DSV4OPS_PLATFORM": "simulate a platform, 'vendor:arch' (e.g. cuda:sm100), for explain and tests",
     "DSV4OPS_DEBUG": "1/true/yes/on: value checks on accelerator tensors too (0/false/no/off: not)",
     "DSV4OPS_TRITON_TUNING": "Triton tunables over the platform's table, 'decode_block_h=64,...'",
+    "DSV4OPS_TUNING_TABLE": "a selection table written by `dsv4ops tune`, consulted before priorities",
     "DSV4OPS_VERIFY": "re-run a sampled fraction of calls on the reference (docs/verify.md)",
 }
 
@@ -31,6 +32,7 @@ class Settings:
     platform: str = ""
     debug: bool = False
     triton_tuning: str = ""
+    tuning_table: str = ""
     verify: str = ""
 
 
@@ -51,6 +53,7 @@ def read_environment() -> Settings:
         platform=env.get("DSV4OPS_PLATFORM", "").strip(),
         debug=parse_flag("DSV4OPS_DEBUG", env.get("DSV4OPS_DEBUG", "")),
         triton_tuning=env.get("DSV4OPS_TRITON_TUNING", "").strip(),
+        tuning_table=env.get("DSV4OPS_TUNING_TABLE", "").strip(),
         verify=env.get("DSV4OPS_VERIFY", "").strip(),
     )
 

@@ -38,6 +38,15 @@ def test_cost_model_einsum_and_decode():
     assert flops == 4 * 2 * 4 * 512 and nbytes == 2 * 584 + 2 * 4 * 512 * 2 + 4 * 4
 
 
+def test_cost_model_prefill():
+    """Prefill is compute-bound: the floor reads each cache byte once, however often rows are selected."""
+    idx = torch.tensor([[0, 1, -1, 2], [2, 2, 0, -1]], dtype=torch.int32)
+    kw = dict(q=torch.empty(2, 4, 512, dtype=torch.bfloat16), indices=idx, layout="fp8_ds_mla",
+              kv_cache=torch.empty(1, 37440, dtype=torch.uint8))
+    nbytes, flops = cost("sparse_mla_prefill", kw)
+    assert flops == 4 * 6 * 4 * 512 and nbytes == 37440 + 2 * 2 * 4 * 512 * 2 + 2 * 4 * 4
+
+
 def test_shape_lists_are_valid_cases():
     assert all(c.op for c in production_cases() + sweep_cases())
 

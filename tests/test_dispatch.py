@@ -310,3 +310,74 @@ def test_bad_triton_tuning_is_config_error(env, value, why):
         tuning(dsv4ops.platform("cpu"))
     env(DSV4OPS_TRITON_TUNING="decode_block_h=32,topk_warps=4")
     assert tuning(dsv4ops.platform("cpu")).decode_block_h == 32
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured dispatch (dsv4ops tune's selection table)
+
+def _table(tmp_path, entries, device=None):
+    from dsv4ops import tuning_table
+    plat = dsv4ops.platform("cpu")
+    if device is not None:
+        import dataclasses
+        plat = dataclasses.replace(plat, device_name=device)
+    path = tmp_path / "tuning.json"
+    tuning_table.save(str(path), plat, entries)
+    return str(path)
+
+
+def _bucket(**kw):
+    from dsv4ops import tuning_table
+    from dsv4ops.ops import OPS
+    return tuning_table.bucket(OPS["indexer_topk"].validate_call(**kw).key)
+
+
+def test_tuning_table_choice_beats_priority(env, fakes, tmp_path):
+    kw = topk_args()
+    env(DSV4OPS_TUNING_TABLE=_table(tmp_path, [dict(op="indexer_topk", bucket=_bucket(**kw), choice="slow")]))
+    dsv4ops.indexer_topk(**kw)
+    assert fakes == ["slow"]                                      # measured fastest, over 'fast' (priority 90)
+    d = dsv4ops.explain("indexer_topk", **kw)
+    assert d.backend == "slow" and d.source.startswith("tuning table")
+    dsv4ops.indexer_topk(**kw, backend="fast")                    # backend= still wins
+    assert fakes[-1] == "fast"
+    other = {**kw, "k": 4}                                        # another bucket: priorities as before
+    dsv4ops.indexer_topk(**other)
+    assert fakes[-1] == "fast" and dsv4ops.explain("indexer_topk", **other).source == "priority"
+
+
+def test_tuning_table_choice_that_declines_falls_back(env, fakes, tmp_path):
+    kw = {**topk_args(), "k": 32}                                 # 'fast' declines k > 16
+    env(DSV4OPS_TUNING_TABLE=_table(tmp_path, [dict(op="indexer_topk", bucket=_bucket(**kw), choice="fast")]))
+    dsv4ops.indexer_topk(**kw)
+    assert fakes == ["slow"]
+
+
+def test_stale_tuning_table_is_ignored_with_a_warning(env, fakes, tmp_path):
+    kw = topk_args()
+    env(DSV4OPS_TUNING_TABLE=_table(tmp_path, [dict(op="indexer_topk", bucket=_bucket(**kw), choice="slow")],
+                                    device="another GPU"))
+    with pytest.warns(UserWarning, match="measured on another GPU"):
+        dsv4ops.indexer_topk(**kw)
+    assert fakes == ["fast"]
+
+
+def test_unreadable_tuning_table_is_config_error(env, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    for path in (str(bad), str(tmp_path / "missing.json")):
+        env(DSV4OPS_TUNING_TABLE=path)
+        with pytest.raises(dsv4ops.ConfigError, match="DSV4OPS_TUNING_TABLE"):
+            dsv4ops.indexer_topk(**topk_args())
+
+
+def test_tune_entries_keep_the_most_frequent_winner():
+    from dsv4ops.bench import Timing
+    from dsv4ops.conformance.cases import make_case
+    from dsv4ops.tune import entries_from
+    cases = [make_case("indexer_topk", R=4, W=64, k=8, mode="ranges", data=d) for d in ("random", "ties", "neg_inf")]
+    rows = [Timing("indexer_topk", cases[0].id, "a", us=1.0), Timing("indexer_topk", cases[0].id, "b", us=2.0),
+            Timing("indexer_topk", cases[1].id, "a", us=3.0), Timing("indexer_topk", cases[1].id, "b", us=2.0),
+            Timing("indexer_topk", cases[2].id, "b", us=1.0), Timing("indexer_topk", cases[2].id, "a", note="skipped")]
+    (entry,) = entries_from(cases, rows, "cpu")                  # one bucket: same shapes and arguments
+    assert entry["op"] == "indexer_topk" and entry["choice"] == "b"

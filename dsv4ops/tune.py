@@ -1,0 +1,58 @@
+"""``dsv4ops tune``: time every available backend per op and shape bucket on this device and write
+the selection table that dispatch consults before the static priorities (``DSV4OPS_TUNING_TABLE``;
+format in dsv4ops/tuning_table.py).
+
+Each backend's result is checked against the reference first (a wrong or declining backend is never
+chosen); timings are the bench's (CUDA-graph replay over rotating input sets). Cases whose shapes
+fall in one bucket keep the backend that was fastest on the most of them.
+"""
+from __future__ import annotations
+
+import collections
+
+from . import ops, tuning_table
+from .bench import Timing, bench, production_cases, sweep_cases
+from .conformance.cases import Case
+from .platform import platform
+
+
+def entries_from(case_list: list[Case], rows: list[Timing], device) -> list[dict]:
+    """One table entry per (op, bucket): the backend fastest on the most of its cases."""
+    by_case = collections.defaultdict(dict)
+    for r in rows:
+        if r.us is not None:
+            by_case[r.case][r.backend] = r.us
+    wins: dict[tuple, collections.Counter] = collections.defaultdict(collections.Counter)
+    shown: dict[tuple, dict] = {}
+    for case in case_list:
+        timings = by_case.get(case.id)
+        if not timings:
+            continue
+        key = ops.OPS[case.op].validate_call(**case.build(device, seed=0)).key
+        slot = (case.op, tuning_table.bucket(key))
+        wins[slot][min(timings, key=timings.get)] += 1
+        shown.setdefault(slot, dict(case=case.id, timings_us={b: round(t, 2) for b, t in timings.items()}))
+    return [dict(op=op, bucket=b, choice=wins[(op, b)].most_common(1)[0][0], **shown[(op, b)])
+            for (op, b) in wins]
+
+
+def main(args) -> int:
+    """``args``: ops, backends (parsed lists), shapes ("production", "sweep" or "all"), out (path)."""
+    from .platform import default_device
+
+    device = default_device()
+    if device.type == "cpu":
+        print("dsv4ops tune: no accelerator here; timings on the CPU (the interpreter) would choose nothing useful")
+        return 2
+    case_list = {"production": production_cases, "sweep": sweep_cases,
+                 "all": lambda: production_cases() + sweep_cases()}[args.shapes]()
+    case_list = [c for c in case_list if c.op in args.ops]
+    rows = bench(case_list, args.backends, device, None)
+    entries = entries_from(case_list, rows, device)
+    plat = platform(device)
+    tuning_table.save(args.out, plat, entries)
+    for e in entries:
+        print(f"{e['op']:22s} {e['choice']:10s} {e['case']}")
+    print(f"wrote {len(entries)} entries for {plat.device_name} to {args.out}; "
+          f"use it with DSV4OPS_TUNING_TABLE={args.out}")
+    return 0
