@@ -1,4 +1,4 @@
-"""Work around four Triton interpreter bugs (``TRITON_INTERPRET=1``) in one place, never in the kernels.
+"""Work around five Triton interpreter bugs (``TRITON_INTERPRET=1``) in one place, never in the kernels.
 
 1. bf16 ``tl.dot`` (triton issue 11584): the interpreter stores bf16 as uint16 and hands those raw
    bits to ``np.matmul``. The patch converts bf16 operands to float32 inside the interpreter's dot.
@@ -12,6 +12,9 @@
    booleans); a scalar comparison broadcast into a block then becomes int32 0/1, and masks built
    from it are rejected by Triton >= 3.9's ``tl.store`` ("mask has unsupported dtype"). The patch
    types every comparison as ``int1`` with boolean data, as compiled Triton does.
+5. FNUZ fp8 (``tl.float8e4b8``, gfx942's e4m3): interpreters before Triton 3.9 cannot lower the type
+   (``to_ir`` raises "fail to convert fp8e4b8 to ir type"), so kernels on float8_e4m3fnuz tensors
+   fail there. The patch maps it to the builder's FNUZ type; conversions go through fix 2.
 
 It also silences NumPy's RuntimeWarnings raised inside the interpreter (``inf - inf`` and the like),
 where compiled kernels compute the same IEEE results silently.
@@ -78,6 +81,21 @@ def patch_triton_interpreter() -> bool:
         scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
 
     interpreter._patch_lang_tensor = patch_lang_tensor
+
+    original_patch_core = interpreter._patch_lang_core
+
+    @functools.wraps(original_patch_core)
+    def patch_lang_core(lang, scope):
+        original_patch_core(lang, scope)
+        lowered = lang.dtype.to_ir
+
+        def to_ir(self, ir_builder):
+            if self.name == "fp8e4b8":
+                return ir_builder.get_fp8e4b8_ty()
+            return lowered(self, ir_builder)
+        scope.set_attr(lang.dtype, "to_ir", to_ir)
+
+    interpreter._patch_lang_core = patch_lang_core
 
     for name in dir(builder):
         if name.startswith(("create_icmp", "create_fcmp")):

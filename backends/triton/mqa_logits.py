@@ -1,7 +1,8 @@
-"""Triton op 9: one program per (block of query rows, block of keys). It loads the block's keys once
-and scores every (row, head) of the block against them with one tl.dot; tiles no row's [ks, ke)
-reaches are skipped (with ``clean`` they are filled with -inf). The fp8 flavour is the inputs'
-dtype (OCP ``float8_e4m3fn`` or FNUZ ``float8_e4m3fnuz``): the kernel is specialised on it."""
+"""Triton op 9: one program per (block of query rows, block of keys), consecutive programs walking
+the keys of one row block (its queries stay in cache). A program loads its keys once and scores
+every (row, head) of the block against them with one tl.dot; tiles no row's [ks, ke) reaches are
+skipped (with ``clean`` they are filled with -inf). The fp8 flavour is the inputs' dtype (OCP
+``float8_e4m3fn`` or FNUZ ``float8_e4m3fnuz``): the kernel is specialised on it."""
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,10 @@ from .tuning import tuning
 def _mqa_logits_kernel(q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, T, S, H,
                        stride_w0, stride_w1, stride_ks, stride_ke,
                        CLEAN: tl.constexpr, BLOCK_Q: tl.constexpr, H_PAD: tl.constexpr, BLOCK_S: tl.constexpr):
-    t0 = tl.program_id(0).to(tl.int64) * BLOCK_Q
-    s0 = tl.program_id(1) * BLOCK_S
+    pid = tl.program_id(0).to(tl.int64)                  # 1-D grid: no 65535 limit on either axis
+    n_s = tl.cdiv(S, BLOCK_S)
+    t0 = pid // n_s * BLOCK_Q
+    s0 = (pid % n_s).to(tl.int32) * BLOCK_S
     t = t0 + tl.arange(0, BLOCK_Q)
     live_t = t < T
     lo = tl.load(ks_ptr + t * stride_ks, mask=live_t, other=S)
@@ -56,7 +59,7 @@ def mqa_logits(a):
         return out
     tune = tuning(platform(a.q.device))
     h_pad = max(16, triton.next_power_of_2(H))
-    grid = (triton.cdiv(T, tune.mqa_block_q), triton.cdiv(S, tune.mqa_block_s))
+    grid = (triton.cdiv(T, tune.mqa_block_q) * triton.cdiv(S, tune.mqa_block_s),)
     _mqa_logits_kernel[grid](
         a.q, a.k, a.k_scale, a.weights, a.ks, a.ke, out, T, S, H, a.weights.stride(0), a.weights.stride(1),
         a.ks.stride(0), a.ke.stride(0), CLEAN=a.clean, BLOCK_Q=tune.mqa_block_q, H_PAD=h_pad, BLOCK_S=tune.mqa_block_s,
