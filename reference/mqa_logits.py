@@ -1,4 +1,4 @@
-"""Reference for op 9, docs/ops.md §9 (DG ref_fp8_mqa_logits on the fp8 bytes)."""
+"""Reference for op 11, docs/ops.md §11 (DG ref_fp8_mqa_logits on the fp8 bytes)."""
 from __future__ import annotations
 
 import torch

@@ -1,4 +1,4 @@
-"""Triton op 9: one program per (block of query rows, block of keys), consecutive programs walking
+"""Triton op 11: one program per (block of query rows, block of keys), consecutive programs walking
 the keys of one row block (its queries stay in cache). A program loads its keys once and scores
 every (row, head) of the block against them with one tl.dot; tiles no row's [ks, ke) reaches are
 skipped (with ``clean`` they are filled with -inf). The fp8 flavour is the inputs' dtype (OCP

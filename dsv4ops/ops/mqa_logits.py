@@ -1,4 +1,4 @@
-"""Op 9 (docs/ops.md §9): prefill lightning-indexer weighted-ReLU MQA logits over contiguous FP8 keys."""
+"""Op 11 (docs/ops.md §11): prefill lightning-indexer weighted-ReLU MQA logits over contiguous FP8 keys."""
 from __future__ import annotations
 
 from typing import Optional

@@ -1,5 +1,5 @@
 """DeepGEMM entry points used by backends/deepgemm, both paged-logits and prefill-logits API generations,
-with the documented argument contract (docs/ops.md §3, §4, §9; DeepGEMM README).
+with the documented argument contract (docs/ops.md §3, §4, §11; DeepGEMM README).
 
 The prefill logits fakes follow deepseek-ai/DeepGEMM ``csrc/apis/attention.hpp`` (commit
 0274ad7b911b99b4eb6f8d796403811cf1e18f3d: ``fp8_fp4_mqa_logits`` and the legacy wrapper
