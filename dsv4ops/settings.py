@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .errors import ConfigError
-from .verify import VerifyConfig, parse_verify
 
 VARIABLES = {
     "DSV4OPS_BACKEND": "backend choice: 'name', or 'op=a|b,*=c' (docs/api-changes.md)",
@@ -34,7 +33,7 @@ class Settings:
     debug: bool = False
     triton_tuning: str = ""
     tuning_table: str = ""
-    verify: VerifyConfig = VerifyConfig()
+    verify: str = ""
 
 
 def parse_flag(name: str, value: str) -> bool:
@@ -47,7 +46,7 @@ def parse_flag(name: str, value: str) -> bool:
 
 
 def read_environment() -> Settings:
-    """The snapshot of ``os.environ`` (raises ConfigError for a malformed flag or verify setting)."""
+    """The snapshot of ``os.environ`` (raises ConfigError for a malformed flag)."""
     env = os.environ
     return Settings(
         backend=env.get("DSV4OPS_BACKEND", "").strip(),
@@ -55,7 +54,7 @@ def read_environment() -> Settings:
         debug=parse_flag("DSV4OPS_DEBUG", env.get("DSV4OPS_DEBUG", "")),
         triton_tuning=env.get("DSV4OPS_TRITON_TUNING", "").strip(),
         tuning_table=env.get("DSV4OPS_TUNING_TABLE", "").strip(),
-        verify=parse_verify(env.get("DSV4OPS_VERIFY", "").strip()),
+        verify=env.get("DSV4OPS_VERIFY", "").strip(),
     )
 
 

@@ -20,30 +20,30 @@ from .tuning import tuning
 
 
 @triton.jit
-def _save_state(kv_ptr, kv_stride, score_ptr, score_stride, pos_ptr, ape_ptr, state_ptr, st_stride0, st_stride1,
-                sslot_ptr, sbs, RATIO: tl.constexpr, WIDTH: tl.constexpr):
+def _save_state(kv_ptr, kv_stride, score_ptr, score_stride, pos_ptr, pos_stride, ape_ptr, state_ptr, st_stride0,
+                st_stride1, sslot_ptr, sslot_stride, sbs, RATIO: tl.constexpr, WIDTH: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(sslot_ptr + t)
+    slot = tl.load(sslot_ptr + t * sslot_stride)
     if slot >= 0:
         d = tl.arange(0, WIDTH)
         row = state_ptr + (slot // sbs) * st_stride0 + (slot % sbs) * st_stride1
         kv = tl.load(kv_ptr + t * kv_stride + d).to(tl.float32)
-        ape = tl.load(ape_ptr + (tl.load(pos_ptr + t) % RATIO) * WIDTH + d)
+        ape = tl.load(ape_ptr + (tl.load(pos_ptr + t * pos_stride) % RATIO) * WIDTH + d)
         score = tl.load(score_ptr + t * score_stride + d).to(tl.float32)
         tl.store(row + d, kv)
         tl.store(row + WIDTH + d, score + ape)
 
 
 @triton.jit
-def _compress(pos_ptr, state_ptr, st_stride0, st_stride1, sslot_ptr, btab_ptr, btab_stride, req_ptr, sbs,
-              w_ptr, eps, cs_ptr, cache_ptr, slot_ptr, block_size, page_bytes,
-              D: tl.constexpr, RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr, DS_MLA: tl.constexpr,
-              FP8_MAX: tl.constexpr):
+def _compress(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, sslot_stride, btab_ptr, btab_stride0,
+              btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, slot_ptr, slot_stride,
+              block_size, page_bytes, D: tl.constexpr, RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr,
+              DS_MLA: tl.constexpr, FP8_MAX: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
-    p = tl.load(pos_ptr + t)
-    slot = tl.load(slot_ptr + t)
-    if (tl.load(sslot_ptr + t) >= 0) & ((p + 1) % RATIO == 0) & (slot >= 0):
-        table = btab_ptr + tl.load(req_ptr + t).to(tl.int64) * btab_stride
+    p = tl.load(pos_ptr + t * pos_stride)
+    slot = tl.load(slot_ptr + t * slot_stride)
+    if (tl.load(sslot_ptr + t * sslot_stride) >= 0) & ((p + 1) % RATIO == 0) & (slot >= 0):
+        table = btab_ptr + tl.load(req_ptr + t * req_stride).to(tl.int64) * btab_stride0
         d = tl.arange(0, D)
         m = tl.full((D,), float("-inf"), tl.float32)
         den = tl.zeros((D,), tl.float32)
@@ -53,7 +53,7 @@ def _compress(pos_ptr, state_ptr, st_stride0, st_stride1, sslot_ptr, btab_ptr, b
             w = p - C * RATIO + 1 + j
             ok = w >= 0
             wc = tl.maximum(w, 0)
-            page = tl.load(table + wc // sbs, mask=ok, other=0).to(tl.int64)
+            page = tl.load(table + (wc // sbs) * btab_stride1, mask=ok, other=0).to(tl.int64)
             first = (j >= RATIO).to(tl.int64) * D              # C4: the earlier RATIO positions use [0, D)
             row = state_ptr + page * st_stride0 + (wc % sbs) * st_stride1 + first
             ptr = row[:, None] + d[None, :]
@@ -67,7 +67,8 @@ def _compress(pos_ptr, state_ptr, st_stride0, st_stride1, sslot_ptr, btab_ptr, b
             acc = acc * alpha + tl.sum(e * v, axis=0)
             m = m_new
         pooled = acc / den
-        normed = pooled / tl.sqrt(tl.sum(pooled * pooled, axis=0) / D + eps) * tl.load(w_ptr + d).to(tl.float32)
+        weight = tl.load(w_ptr + d * w_stride).to(tl.float32)
+        normed = pooled / tl.sqrt(tl.sum(pooled * pooled, axis=0) / D + eps) * weight
         even, odd = tl.split(tl.reshape(normed, (D // 2, 2)))
         i = tl.arange(0, D // 2) - (D - 64) // 2                 # rotation pair index, < 0 on NoPE dims
         rope = i >= 0
@@ -109,11 +110,12 @@ def compress_kv_insert(a):
     ds_mla = a.layout == "fp8_ds_mla"
     page_bytes = a.kv_cache.stride(0)
     warps = tuning(platform(a.kv.device)).compress_warps
-    _save_state[(n,)](a.kv, a.kv.stride(0), a.score, a.score.stride(0), a.positions, a.ape, sc, sc.stride(0),
-                      sc.stride(1), a.state_slot_mapping, sc.shape[1], RATIO=a.ratio, WIDTH=width, num_warps=warps)
-    _compress[(n,)](a.positions, sc, sc.stride(0), sc.stride(1), a.state_slot_mapping, a.state_block_table,
-                    a.state_block_table.stride(0), a.token_to_req, sc.shape[1], a.norm_weight, a.eps,
-                    a.cos_sin_cache, a.kv_cache, a.slot_mapping, a.block_size, page_bytes,
-                    D=D, RATIO=a.ratio, C=c, CHUNK=min(c * a.ratio, 16), DS_MLA=ds_mla, FP8_MAX=FP8_MAX["ocp"],
+    pos, sslots, table, req, slots = a.positions, a.state_slot_mapping, a.state_block_table, a.token_to_req, a.slot_mapping
+    _save_state[(n,)](a.kv, a.kv.stride(0), a.score, a.score.stride(0), pos, pos.stride(0), a.ape, sc, sc.stride(0),
+                      sc.stride(1), sslots, sslots.stride(0), sc.shape[1], RATIO=a.ratio, WIDTH=width, num_warps=warps)
+    _compress[(n,)](pos, pos.stride(0), sc, sc.stride(0), sc.stride(1), sslots, sslots.stride(0), table,
+                    table.stride(0), table.stride(1), req, req.stride(0), sc.shape[1], a.norm_weight,
+                    a.norm_weight.stride(0), a.eps, a.cos_sin_cache, a.kv_cache, slots, slots.stride(0), a.block_size,
+                    page_bytes, D=D, RATIO=a.ratio, C=c, CHUNK=min(c * a.ratio, 16), DS_MLA=ds_mla, FP8_MAX=FP8_MAX["ocp"],
                     num_warps=warps)
     return None

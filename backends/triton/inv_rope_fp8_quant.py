@@ -16,7 +16,7 @@ from .tuning import tuning
 
 
 @triton.jit
-def _inv_rope_fp8_quant_kernel(o_ptr, stride_t, stride_h, pos_ptr, cs_ptr, a_ptr, s_ptr, H,
+def _inv_rope_fp8_quant_kernel(o_ptr, stride_t, stride_h, pos_ptr, pos_stride, cs_ptr, a_ptr, s_ptr, H,
                                HEADS: tl.constexpr, FP8_MAX: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
@@ -26,7 +26,7 @@ def _inv_rope_fp8_quant_kernel(o_ptr, stride_t, stride_h, pos_ptr, cs_ptr, a_ptr
     row = o_ptr + t * stride_t + h.to(tl.int64)[:, None] * stride_h
     x = tl.load(row + d[None, :], mask=live, other=0.0).to(tl.float32)
     partner = tl.load(row + (d ^ 1)[None, :], mask=live & rope[None, :], other=0.0).to(tl.float32)
-    pos = tl.load(pos_ptr + t)
+    pos = tl.load(pos_ptr + t * pos_stride)
     pair = tl.maximum(d - 448, 0) // 2
     cos = tl.load(cs_ptr + pos * 64 + pair, mask=rope, other=1.0)
     sin = tl.load(cs_ptr + pos * 64 + 32 + pair, mask=rope, other=0.0)
@@ -52,7 +52,7 @@ def inv_rope_fp8_quant(a):
     tune = tuning(platform(a.o.device))
     heads = min(tune.inv_rope_heads, triton.next_power_of_2(H))
     _inv_rope_fp8_quant_kernel[(T, triton.cdiv(H, heads))](
-        a.o, a.o.stride(0), a.o.stride(1), a.positions, a.cos_sin_cache, values, scales, H,
+        a.o, a.o.stride(0), a.o.stride(1), a.positions, a.positions.stride(0), a.cos_sin_cache, values, scales, H,
         HEADS=heads, FP8_MAX=FP8_MAX["ocp"], num_warps=tune.inv_rope_warps,
     )
     return values, scales

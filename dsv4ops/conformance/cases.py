@@ -210,10 +210,10 @@ def _compress(tier):
                         skip_slot=True, dtype=torch.bfloat16)
         yield make_case(op, tier, layout="fp8_ds_mla", ratio=128, reqs=((100, 30), (127, 1), (0, 3)),
                         block_size=C128_BLOCK)
+        yield make_case(op, tier, layout="fp8_ds_mla", ratio=4, decode=6, block_size=4)
         return
     for layout, ratio, bs in (("fp8_ds_mla", 4, C4_BLOCK), ("index_fp8", 4, C4_BLOCK), ("fp8_ds_mla", 128, C128_BLOCK)):
-        yield make_case(op, tier, layout=layout, ratio=ratio, reqs=tuple((1000 + 37 * i, 1) for i in range(128)),
-                        block_size=bs)                                   # decode: 128 requests, one token each
+        yield make_case(op, tier, layout=layout, ratio=ratio, decode=128, block_size=bs)   # 128 decode requests
         yield make_case(op, tier, layout=layout, ratio=ratio, reqs=((0, 1500), (513, 700), (4093, 3)),
                         block_size=bs, pad=5, dp_pad=3)                  # prefill chunks
     yield make_case(op, tier, layout="fp8_ds_mla", ratio=4, reqs=((8, 4), (0, 8192)), block_size=C4_BLOCK,

@@ -297,15 +297,17 @@ def mqa_logits(device, gen, *, T, S, H=64, ranges="causal", scale_fmt="fp32", fl
 
 
 # ---------------------------------------------------------------------------------------------
-def compress_kv_insert(device, gen, *, layout, ratio, reqs, block_size, pad=0, dp_pad=0, dtype=torch.float32,
-                       skip_slot=False):
+def compress_kv_insert(device, gen, *, layout, ratio, block_size, reqs=(), decode=0, pad=0, dp_pad=0,
+                       dtype=torch.float32, skip_slot=False):
     """Requests ``reqs = ((prior, new), ...)``: ``prior`` tokens compressed by earlier calls (their
     last window's state rows are random values, every other state row is NaN: nothing may read it),
     ``new`` tokens in this call. ``kv`` / ``score`` are the halves of one [T, 2c*D] projection
     (strided rows). ``pad`` dummy tokens (state slot -1) follow, then ``dp_pad`` tokens past the
     slot mappings. Tokens that close no window carry slots on a spare page (writing them is a bug);
-    ``skip_slot`` gives the first closing token slot -1."""
+    ``skip_slot`` gives the first closing token slot -1. ``decode=N`` adds N requests of one token
+    each, every other one closing a window."""
     from ..ops.compress_kv_insert import LAYOUTS, overlap
+    reqs = tuple(reqs) + tuple((ratio * (8 + i) - 1 - i % 2, 1) for i in range(decode))
     c, D = overlap(ratio), LAYOUTS[layout]
     width, sbs = c * D, 4 if ratio == 4 else 8
     ends = [prior + new for prior, new in reqs]

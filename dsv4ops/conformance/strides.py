@@ -35,6 +35,11 @@ LAYOUTS = {
                    "b_scale": ("sliced", "transposed", "expanded"), "out": ("sliced",)},
     "indexer_topk": {"logits": ("sliced", "transposed"), "row_starts": ("sliced",), "row_ends": ("sliced",),
                      "seq_lens": ("sliced", "transposed")},
+    "inv_rope_fp8_quant": {"o": ("sliced",), "positions": ("sliced", "expanded")},
+    "compress_kv_insert": {"kv": ("sliced",), "score": ("sliced",), "positions": ("sliced", "expanded"),
+                           "norm_weight": ("sliced", "expanded"), "state_cache": ("sliced",),
+                           "state_slot_mapping": ("sliced",), "state_block_table": ("sliced", "transposed", "expanded"),
+                           "token_to_req": ("sliced", "expanded"), "slot_mapping": ("sliced",)},
 }
 
 # Base cases (input-builder parameters) per op and tier; each tensor argument's variants are taken
@@ -50,6 +55,8 @@ BASES = {
         "fp8_einsum": [dict(B=5, H=2, D=256, R=256, out=True)],
         "indexer_topk": [dict(R=6, W=300, k=16, mode="ranges", out=True),
                          dict(R=6, W=300, k=16, mode="decode2d", next_n=2)],
+        "inv_rope_fp8_quant": [dict(T=5, H=16, n_groups=2)],
+        "compress_kv_insert": [dict(layout="fp8_ds_mla", ratio=4, reqs=((2, 7), (9, 1), (0, 4)), block_size=4, pad=1)],
     },
     "full": {
         "qnorm_rope_kv_insert": [dict(T=64, H=64, layout="fp8_ds_mla", block_size=64, num_blocks=8, out=True)],
@@ -62,6 +69,9 @@ BASES = {
         "fp8_einsum": [dict(B=64, H=8, D=1024, R=4096, out=True)],
         "indexer_topk": [dict(R=64, W=8192, k=512, mode="ranges", out=True),
                          dict(R=64, W=8192, k=512, mode="decode2d", next_n=2)],
+        "inv_rope_fp8_quant": [dict(T=128, H=64, n_groups=8)],
+        "compress_kv_insert": [dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 700), (513, 300)), decode=32,
+                                    block_size=64, pad=3)],
     },
 }
 

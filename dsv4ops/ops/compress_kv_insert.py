@@ -31,7 +31,7 @@ def check(c: Checker, a):
     c.tensor("score", a.score, dtype=(torch.float32, torch.bfloat16), shape=(T, width), last_dim_contiguous=True)
     c.tensor("positions", a.positions, dtype=torch.int64, shape=(T,))
     c.tensor("ape", a.ape, dtype=torch.float32, shape=(a.ratio, width), contiguous=True)
-    c.tensor("norm_weight", a.norm_weight, dtype=(torch.float32, torch.bfloat16), shape=(D,), contiguous=True)
+    c.tensor("norm_weight", a.norm_weight, dtype=(torch.float32, torch.bfloat16), shape=(D,))
     c.tensor("cos_sin_cache", a.cos_sin_cache, dtype=torch.float32, shape=("max_pos", formats.ROPE_DIM),
              contiguous=True)
     c.tensor("state_cache", a.state_cache, dtype=torch.float32, shape=("num_state_blocks", "state_block_size",
@@ -52,6 +52,8 @@ def check(c: Checker, a):
                  formats.INDEX_TOKEN_BYTES), contiguous=True)
     c.tensor("slot_mapping", a.slot_mapping, dtype=torch.int64, shape=(n,))
     c.float_arg("eps", a.eps, positive=True)
+    c.disjoint(a, "state_cache")
+    c.disjoint(a, "kv_cache")
     c.in_range("positions", a.positions, 0, a.cos_sin_cache.shape[0], what="positions (rows of cos_sin_cache)")
     c.in_range("state_slot_mapping", a.state_slot_mapping, None, n_state_slots, what="state slots (negative = skip)")
     c.in_range("slot_mapping", a.slot_mapping, None, a.kv_cache.shape[0] * a.block_size,
