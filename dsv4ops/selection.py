@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import priorities, registry, settings, tuning_table
+from . import priorities, registry, settings, tuning_table, verify
 from .device_guard import bound_to
 from .errors import ConfigError, UnsupportedError
 from .platform import Platform, platform
@@ -222,8 +222,13 @@ def choose(call, backend: str | None) -> registry.Implementation:
 
 
 def runner(impl: registry.Implementation, device) -> Callable[[Any], Any]:
-    """``impl`` bound to the inputs' device: what a fast-table hit calls with the typed args."""
-    return bound_to(device, impl.fn)
+    """``impl`` bound to the inputs' device (and sampled by ``DSV4OPS_VERIFY`` when it is on): what
+    a fast-table hit calls with the typed args."""
+    check = settings.current().verify
+    fn = impl.fn
+    if check.enabled:
+        fn = verify.wrap(impl.op, fn, check.rate, check.action, backend=impl.backend.name, dump_dir=check.dump_dir)
+    return bound_to(device, fn)
 
 
 def skips_validation(device) -> bool:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .errors import ConfigError
+from .verify import VerifyConfig, parse_verify
 
 VARIABLES = {
     "DSV4OPS_BACKEND": "backend choice: 'name', or 'op=a|b,*=c' (docs/api-changes.md)",
@@ -33,7 +34,7 @@ class Settings:
     debug: bool = False
     triton_tuning: str = ""
     tuning_table: str = ""
-    verify: str = ""
+    verify: VerifyConfig = VerifyConfig()
 
 
 def parse_flag(name: str, value: str) -> bool:
@@ -46,7 +47,7 @@ def parse_flag(name: str, value: str) -> bool:
 
 
 def read_environment() -> Settings:
-    """The snapshot of ``os.environ`` (raises ConfigError for a malformed flag)."""
+    """The snapshot of ``os.environ`` (raises ConfigError for a malformed flag or verify setting)."""
     env = os.environ
     return Settings(
         backend=env.get("DSV4OPS_BACKEND", "").strip(),
@@ -54,7 +55,7 @@ def read_environment() -> Settings:
         debug=parse_flag("DSV4OPS_DEBUG", env.get("DSV4OPS_DEBUG", "")),
         triton_tuning=env.get("DSV4OPS_TRITON_TUNING", "").strip(),
         tuning_table=env.get("DSV4OPS_TUNING_TABLE", "").strip(),
-        verify=env.get("DSV4OPS_VERIFY", "").strip(),
+        verify=parse_verify(env.get("DSV4OPS_VERIFY", "").strip()),
     )
 
 

@@ -151,3 +151,23 @@ def test_a_failing_verification_never_breaks_the_call(broken, monkeypatch, caplo
 def test_every_op_has_a_rule():
     from dsv4ops.conformance.compare import RULES
     assert set(dsv4ops.OP_NAMES) <= set(RULES)
+
+
+def test_dispatch_verifies_when_the_setting_is_on(env, broken, tmp_path):
+    """End to end: DSV4OPS_VERIFY makes plain and prepared calls verify; off, dispatch runs the
+    implementation itself (nothing wrapped, nothing to pay)."""
+    kw = make_case("indexer_topk", **TOPK).build("cpu", 0)
+    honest = registry.get_backend("honest").implementations["indexer_topk"][0]
+    assert dsv4ops.selection.runner(honest, torch.device("cpu")) is honest.fn
+    dsv4ops.indexer_topk(**kw, backend="broken")                    # off: the wrong result goes through
+    env(DSV4OPS_VERIFY=f"1,raise,dump={tmp_path}")
+    with pytest.raises(VerificationError, match="indexer_topk on broken differs"):
+        dsv4ops.indexer_topk(**kw, backend="broken")
+    with pytest.raises(VerificationError):
+        dsv4ops.prepare("indexer_topk", **kw, backend="broken").run()
+    assert torch.equal(dsv4ops.indexer_topk(**kw, backend="honest"), dsv4ops.reference.indexer_topk(**kw))
+
+
+def test_bad_verify_setting_is_config_error(env):
+    with pytest.raises(dsv4ops.ConfigError, match="DSV4OPS_VERIFY"):
+        env(DSV4OPS_VERIFY="2")
