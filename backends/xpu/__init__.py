@@ -11,8 +11,10 @@ the 0.1.16.2 wheel):
   - indexer_topk -> ``torch.ops._C.top_k_per_row_prefill`` (the top-k ops are registered by
     ``vllm_xpu_kernels._C`` in the ``_C`` namespace, not ``_xpu_C``).
 Not served: sparse_mla_decode and fp8_einsum have no vllm-xpu-kernels op with our contract
-(``deepseek_inv_rope_fp8_quant`` produces wo_a's A operand, it is not the einsum); the triton
-backend serves them, and every other call declined here, on XPU.
+(``deepseek_inv_rope_fp8_quant`` produces wo_a's A operand, it is not the einsum); nor
+inv_rope_fp8_quant: ``deepseek_inv_rope_fp8_quant`` encodes e4m3 with the same integer conversion
+(values below 2^-6 of the block scale flushed or mis-encoded, beyond docs/ops.md §8's one e4m3
+step). The triton backend serves them, and every other call declined here, on XPU.
 """
 from __future__ import annotations
 
