@@ -104,6 +104,19 @@ def compress_writing_every_token(**kw):
     dsv4ops.formats.write_kv(kw["kv_cache"], "fp8_ds_mla", kw["block_size"], kw["slot_mapping"][other], rows)
 
 
+def mqa_logits_compressed_columns(**kw):
+    """DeepGEMM's max_seqlen_k form mistaken for the contract's: row t's scores at columns [0, ke - ks)."""
+    out = _ref("mqa_logits")(**kw)
+    moved = torch.full_like(out, float("-inf"))
+    for t, (s, e) in enumerate(zip(kw["ks"].tolist(), kw["ke"].tolist())):
+        moved[t, : e - s] = out[t, s:e]
+    return moved
+
+
+def mqa_logits_ignoring_k_scale(**kw):
+    return _ref("mqa_logits")(**{**kw, "k_scale": torch.ones_like(kw["k_scale"])})
+
+
 BROKEN = [
     ("sparse_mla_decode", decode_ignoring_sink, dict(T=3, H=4, topk=32, layout="fp8_ds_mla")),
     ("indexer_topk", topk_absolute_indices, dict(R=4, W=300, k=16, mode="ranges")),
@@ -113,6 +126,8 @@ BROKEN = [
     ("fp8_einsum", einsum_ignoring_a_scale, dict(B=3, H=2, D=128, R=256)),
     ("sparse_mla_decode", decode_leaving_out_unwritten, dict(T=2, H=4, topk=32, layout="bf16", out=True)),
     ("indexer_topk", topk_ignoring_lengths, dict(R=4, W=100, k=8, mode="decode1d", next_n=2)),
+    ("mqa_logits", mqa_logits_compressed_columns, dict(T=6, S=40, H=4, ranges="requests")),
+    ("mqa_logits", mqa_logits_ignoring_k_scale, dict(T=6, S=40, H=4, ranges="random", topk=8)),
     ("inv_rope_fp8_quant", inv_rope_rotating_forward, dict(T=3, H=8, n_groups=2)),
     ("inv_rope_fp8_quant", inv_rope_with_cache_floor, dict(T=3, H=8, n_groups=2, corner="zero_head")),
     ("compress_kv_insert", compress_rope_at_last_position, dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 9),),

@@ -74,3 +74,29 @@ def test_paged_logits_beyond_2gb(backend):
     ref = dsv4ops.reference.paged_mqa_logits(**ref_kwargs)
     verdict = compare.paged_mqa_logits(None, ref_kwargs, ref, {}, got)
     assert verdict.ok, verdict.message
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_mqa_logits_beyond_2gb(backend):
+    """Keys past 2**31 bytes (s * 128) and logits past 2**31 elements (t * S + s): every row's range lies
+    in the last W keys; the reference runs on those keys alone."""
+    dev, H, W = torch.device("cuda"), 64, 512
+    S = 2**24 + 2 * W                     # fp8 keys: 2**31 bytes + 128 KiB
+    T = 2**31 // S + 2                    # fp32 logits: T * S > 2**31 elements (8.7 GB)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    k = torch.zeros(S, 128, dtype=torch.float8_e4m3fn, device=dev)
+    k[-W:] = (torch.randn(W, 128, device=dev, generator=gen) * 3).to(torch.float8_e4m3fn)
+    k_scale = torch.rand(S, device=dev, generator=gen) + 0.5
+    q = (torch.randn(T, H, 128, device=dev, generator=gen) * 2).to(torch.float8_e4m3fn)
+    w = torch.randn(T, H, device=dev, generator=gen)
+    t = torch.arange(T, device=dev)
+    ks = (S - W + t % (W // 2)).to(torch.int32)
+    ke = (ks + 1 + t % (W // 2)).to(torch.int32)
+    if not _serves("mqa_logits", backend, q, k, k_scale, w, ks, ke):
+        pytest.skip(f"{backend} does not serve mqa_logits here")
+    got = dsv4ops.mqa_logits(q, k, k_scale, w, ks, ke, backend=backend)[:, -W:].contiguous()
+    ref_kwargs = dict(q=q, k=k[-W:].contiguous(), k_scale=k_scale[-W:].contiguous(), weights=w, ks=ks - (S - W),
+                      ke=ke - (S - W), clean=False, out=None)
+    ref = dsv4ops.reference.mqa_logits(**ref_kwargs)
+    verdict = compare.mqa_logits(None, ref_kwargs, ref, {}, got)
+    assert verdict.ok, verdict.message
