@@ -13,8 +13,8 @@ the 0.1.16.2 wheel):
 Not served: sparse_mla_decode and fp8_einsum have no vllm-xpu-kernels op with our contract
 (``deepseek_inv_rope_fp8_quant`` produces wo_a's A operand, it is not the einsum); nor
 inv_rope_fp8_quant: ``deepseek_inv_rope_fp8_quant`` encodes e4m3 with the same integer conversion
-(values below 2^-6 of the block scale flushed or mis-encoded, beyond docs/ops.md §8's one e4m3
-step). The triton backend serves them, and every other call declined here, on XPU.
+(values below 2^-6 of the block scale flushed or mis-encoded: up to 2^-7 of the scale off, where
+docs/ops.md §8 allows 2^-8). The triton backend serves them, and every other call declined here, on XPU.
 """
 from __future__ import annotations
 
