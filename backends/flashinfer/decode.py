@@ -58,7 +58,7 @@ def decode_trtllm(a):
     if a.topk_lens is not None:
         # seq_lens >= q_len (1) is validated by FlashInfer: a token with no SWA entry gets seq_lens 1
         # and a -1 in its first SWA column instead (-1 columns are never attended).
-        swa = a.indices.clone()
+        swa = swa.clone()
         swa[:, 0].masked_fill_(a.topk_lens == 0, -1)
         swa_lens = a.topk_lens.clamp_min(1).to(torch.int32)
     else:
