@@ -36,6 +36,8 @@ def sample_calls():
     kw = build("indexer_topk", R=4, W=64, k=8, mode="ranges")
     yield "indexer_topk", split("indexer_topk", {**kw, "out": None})
     yield "indexer_topk_out", split("indexer_topk", {**kw, "out": torch.empty(4, 8, dtype=torch.int32)})
+    kw = build("mqa_logits", T=5, S=40, H=4, ranges="random", clean=True)
+    yield "mqa_logits", split("mqa_logits", {**kw, "out": None})
 
 
 SAMPLES = list(sample_calls())
@@ -43,7 +45,7 @@ SAMPLES = list(sample_calls())
 
 # test_schema compares inputs before and after with ops PyTorch lacks for float8 on the CPU, so
 # it runs for the ops without fp8 inputs (the insert's mutation annotations included).
-FP8_INPUTS = {"paged_mqa_logits", "fp8_einsum"}
+FP8_INPUTS = {"paged_mqa_logits", "fp8_einsum", "mqa_logits"}
 
 
 @pytest.mark.parametrize("name,call", SAMPLES, ids=[n for n, _ in SAMPLES])
