@@ -128,11 +128,13 @@ def _prefill(tier):
     for model, heads in HEADS_PER_RANK.items():
         extra = dict(topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=INDEX_TOPK[model],
                      extra_block_size=C4_BLOCK)
-        for H, T in ((heads[0], 4096), (heads[0], 8192), (heads[1], 4096)):
+        sizes = ((heads[0], 4096), (heads[0], 8192), (heads[1], 4096)) if model == "pro" else \
+            ((heads[0], 4096), (heads[1], 4096))
+        for H, T in sizes:
             yield make_case(op, tier, T=T, H=H, **extra)
-        yield make_case(op, tier, T=4096, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK,
+        yield make_case(op, tier, T=2048, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK,
                         extra_topk=128, extra_block_size=C128_BLOCK)          # C128 layer
-        yield make_case(op, tier, T=2048, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK)
+        yield make_case(op, tier, T=1024, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK)
     for layout in ("bf16", "fp8_per_tensor"):
         yield make_case(op, tier, T=1024, H=64, topk=WINDOW, layout=layout, block_size=SWA_BLOCK, extra_topk=512,
                         extra_block_size=C4_BLOCK)
