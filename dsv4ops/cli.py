@@ -113,6 +113,8 @@ def cmd_check(args) -> int:
 
     device = parse_device(args.device)
     ops, names = parse_ops(args.ops), parse_backends(args.backends)
+    if not 0 <= args.seed < 2 ** 62:                 # case i uses seed + i, a torch.Generator seed
+        raise UsageError(f"--seed {args.seed}: expected an integer in [0, 2**62)")
     if args.include_reference and "reference" not in names:
         names = ["reference"] + names
     case_list = select_cases(ops, args.tier, args.case)

@@ -42,6 +42,12 @@ def test_bad_device(capsys, device, expected):
     fails(capsys, ["check", "--backends", "reference", "--ops", "indexer_topk", "--device", device], expected)
 
 
+@pytest.mark.parametrize("seed", ["-1", str(2 ** 64)])
+def test_bad_seed(capsys, seed):
+    fails(capsys, ["check", "--backends", "reference", "--ops", "indexer_topk", f"--seed={seed}"],
+          f"--seed {seed}: expected an integer in [0, 2**62)")
+
+
 def test_no_matching_case(capsys):
     fails(capsys, ["check", "--backends", "reference", "--ops", "indexer_topk", "--case", "nope"],
           "no case matches --case 'nope'")
