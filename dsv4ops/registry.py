@@ -4,8 +4,8 @@ A backend module (loaded lazily through the ``dsv4ops.backends`` entry-point gro
 with ``Backend(...)`` and registers implementations with ``backend.implements(op, target, ...)``;
 a backend may register several implementations of one op (say, one per architecture), each with
 its own check, tried in registration order. Nothing here imports a vendor library: a backend's
-``probe`` does that when first asked, and a ``target`` (``"module:function"``) is imported on
-first call. Implementations receive one argument: the op's typed args (``Op.Args``).
+``probe`` does that when first asked, and a ``target`` (``"module:function"``) is imported when
+its implementation is first chosen (one that cannot be imported declines). Implementations receive one argument: the op's typed args (``Op.Args``).
 
 Plugins (out-of-tree entry points) cannot break or impersonate: in-tree backends load first; a
 plugin may not take an in-tree backend's name (``priorities.PRIORITY``) or a name already taken; a
