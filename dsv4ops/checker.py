@@ -24,6 +24,9 @@ INT32_MAX = 2 ** 31 - 1
 
 def byte_span(t: torch.Tensor) -> tuple[int, int] | None:
     """``[first, last)`` addresses of the bytes ``t`` can touch (None when it has no elements)."""
+    if t.is_contiguous():
+        start = t.data_ptr()
+        return (start, start + t.numel() * t.element_size()) if t.numel() else None
     if t.numel() == 0:
         return None
     lo = hi = 0
@@ -39,12 +42,17 @@ def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     disjoint elements, such as the even and odd columns of one buffer, count as overlapping)."""
     if a.device != b.device or a.device.type == "meta":
         return False
-    sa, sb = byte_span(a), byte_span(b)
+    return _intersect(byte_span(a), byte_span(b))
+
+
+def _intersect(sa, sb) -> bool:
     return sa is not None and sb is not None and sa[0] < sb[1] and sb[0] < sa[1]
 
 
 def self_overlapping(t: torch.Tensor) -> bool:
     """Whether two index tuples of ``t`` may address one element (an expanded or overlapping view)."""
+    if t.is_contiguous():
+        return False
     dims = sorted((abs(stride), size) for size, stride in zip(t.shape, t.stride()) if size > 1)
     reach = 0                           # elements spanned by the dims with smaller strides
     for stride, size in dims:
@@ -193,20 +201,28 @@ class Checker:
     def disjoint(self, a, name: str, others: Sequence[str] | None = None, same_ok: Sequence[str] = ()) -> None:
         """The written tensor ``a.<name>`` must not overlap itself nor any other tensor of ``a``
         (``others``: only those), except being exactly the same view as an argument in ``same_ok``
-        (the in-place forms the contract allows)."""
+        (the in-place forms the contract allows). Run after the device checks (one device)."""
         t = getattr(a, name)
         if not isinstance(t, torch.Tensor) or t.device.type == "meta":
             return
         if self_overlapping(t):
             self.fail(name, f"is written and must not overlap itself (an expanded view), got strides {t.stride()}")
+        span = self._span(name, t)
         for other in (others if others is not None else a._fields):
             u = getattr(a, other)
-            if other == name or not isinstance(u, torch.Tensor) or not may_overlap(t, u):
+            if other == name or not isinstance(u, torch.Tensor) or not _intersect(span, self._span(other, u)):
                 continue
             if other in same_ok and same_view(t, u):
                 continue
             allowed = f" (only the very same view as '{other}' is allowed)" if other in same_ok else ""
             self.fail(name, f"is written and must not overlap '{other}' in memory{allowed}")
+
+    def _span(self, name: str, t: torch.Tensor):
+        """``byte_span`` of argument ``name``, computed once per call."""
+        spans = self.__dict__.setdefault("_spans", {})
+        if name not in spans:
+            spans[name] = byte_span(t)
+        return spans[name]
 
     def out_buffer(self, t, *, dtype, shape: tuple[int, ...]):
         if t is None:
