@@ -26,6 +26,7 @@ from .formats import Layout
 
 ENV = "DSV4OPS_VERIFY"
 ACTIONS = ("log", "raise")
+MAX_DUMPS = 3             # mismatching calls saved per (op, implementation): a dump holds every input
 log = logging.getLogger("dsv4ops.verify")
 
 
@@ -98,14 +99,15 @@ def _wrap(op, impl, rate, action, backend, dump_dir):
         log.warning("%s: %s has no comparison rule; its calls are not verified", ENV, op.name)
         return impl
     period = max(1, round(1 / rate))
-    counter = itertools.count()
+    counter, dumps = itertools.count(), itertools.count()
     written = [a.name for a in op.spec.args if a.is_tensor and (a.mutated or op.spec.out_variant_only)]
     label = backend or getattr(impl, "__module__", None) or repr(impl)
 
     def verified(args):
         if next(counter) % period or _tracing(args):
             return impl(args)
-        return _verify(op, impl, reference, args, written, label, action, dump_dir)
+        return _verify(op, impl, reference, args, written, label, action,
+                       dump_dir if next(dumps) < MAX_DUMPS else None)
 
     verified.__wrapped__ = impl
     return verified
@@ -124,7 +126,8 @@ def _copy(args, names):
     return args._replace(**{n: getattr(args, n).clone() for n in names if getattr(args, n) is not None})
 
 
-def _verify(op, impl, reference, args, written, label, action, dump_dir):
+def _verify(op, impl, reference, args, written, label, action, dump_dir: str | None):
+    """One verified call; a mismatch is saved to ``dump_dir`` (None: not saved)."""
     from .conformance.compare import RULES
 
     before = _copy(args, written)                 # the written tensors as the caller passed them
@@ -158,8 +161,10 @@ def _report(op, label, inputs, verdict, saved: str) -> str:
     return f"{ENV}: {op.name} on {label} differs from the reference: {verdict.message}{worst}. Inputs: {args}. {saved}"
 
 
-def _dump(op, label, inputs, verdict, dump_dir: str) -> str:
+def _dump(op, label, inputs, verdict, dump_dir: str | None) -> str:
     """Save the call's inputs (on the CPU) for ``replay``; the sentence that says where."""
+    if dump_dir is None:
+        return f"Inputs not saved: {MAX_DUMPS} calls of {op.name} on {label} were saved already."
     kwargs = {n: v.detach().cpu() if isinstance(v, torch.Tensor) else v.name if isinstance(v, Layout) else v
               for n, v in zip(inputs._fields, inputs)}
     path = os.path.join(dump_dir, f"{op.name}-{label.rpartition('.')[2]}-{time.strftime('%Y%m%dT%H%M%S')}-"

@@ -112,8 +112,9 @@ def test_log_action_and_sampling(broken, tmp_path, caplog):
                      dump_dir=str(tmp_path))
     args = typed("indexer_topk", **TOPK)
     with caplog.at_level(logging.ERROR, logger="dsv4ops.verify"):
-        results = [fn(args) for _ in range(10)]                     # calls 0, 4 and 8 are verified
-    assert len(caplog.records) == 3 and len(list(tmp_path.glob("*.pt"))) == 3
+        results = [fn(args) for _ in range(14)]                     # calls 0, 4, 8 and 12 are verified
+    assert len(caplog.records) == 4 and len(list(tmp_path.glob("*.pt"))) == verify.MAX_DUMPS == 3
+    assert "Inputs not saved: 3 calls of indexer_topk on broken were saved already." in caplog.records[-1].message
     assert all(torch.equal(r, impl("broken", "indexer_topk")(args)) for r in results)   # its result, as is
 
 
