@@ -20,9 +20,10 @@ from typing import Any, Callable
 
 import torch
 
-from . import registry
 from .errors import ConfigError, VerificationError
 from .formats import Layout
+# registry and the conformance rules are imported where used, so that settings.py can import
+# parse_verify without an import cycle.
 
 ENV = "DSV4OPS_VERIFY"
 ACTIONS = ("log", "raise")
@@ -77,6 +78,8 @@ def wrap(op, impl: Callable[[Any], Any], rate: float, action: str = "log", *, ba
     every ``round(1 / rate)``-th call, the first included, verified against the reference.
     ``impl`` itself when ``rate`` is 0, when ``impl`` is the reference, or when the op has no rule.
     Wrapping the same implementation again returns the same wrapper (the sampling continues)."""
+    from . import registry
+
     op = registry.get_op(op) if isinstance(op, str) else op
     key = (op.name, impl, rate, action, backend, dump_dir)
     if key not in _wrappers:                     # one sampling counter per (op, implementation, setting)
@@ -88,6 +91,7 @@ _wrappers: dict[tuple, Callable[[Any], Any]] = {}
 
 
 def _wrap(op, impl, rate, action, backend, dump_dir):
+    from . import registry
     from .conformance.compare import RULES
 
     if action not in ACTIONS:
@@ -182,6 +186,7 @@ def replay(path: str, backend: str | None = None, device: str | None = None):
     """Run a call saved by a mismatch again: ``backend`` (default: the one recorded, if it is a
     backend name, else the priority choice) against the reference, on ``device`` (default: the
     recorded one). Returns the rule's Verdict."""
+    from . import registry
     from .conformance.compare import RULES
     from .conformance.runner import clone_kwargs, run_reference
 
