@@ -1,8 +1,10 @@
-"""Triton op 11: one program per (block of query rows, block of keys), consecutive programs walking
-the keys of one row block (its queries stay in cache). A program loads its keys once and scores
-every (row, head) of the block against them with one tl.dot; tiles no row's [ks, ke) reaches are
-skipped (with ``clean`` they are filled with -inf). The fp8 flavour is the inputs' dtype (OCP
-``float8_e4m3fn`` or FNUZ ``float8_e4m3fnuz``): the kernel is specialised on it."""
+"""Triton op 11: one program per (block of query rows, chunk of keys), consecutive programs walking
+the chunks of one row block (its queries stay in cache). A program loads the block's queries and
+weights once, then steps over the key tiles of its chunk that some row's [ks, ke) reaches (a
+pipelined loop), scoring each tile against every (row, head) with one tl.dot whose columns are the
+heads, so the sum over heads stays within each key's row of the product. With ``clean`` the rest of
+the chunk is filled with -inf. The fp8 flavour is the inputs' dtype (OCP ``float8_e4m3fn`` or FNUZ
+``float8_e4m3fnuz``): the kernel is specialised on it."""
 from __future__ import annotations
 
 import torch
@@ -15,40 +17,56 @@ from .tuning import tuning
 
 
 @triton.jit
+def _fill_inf(out_ptr, t, live_t, S, begin, end, BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr):
+    """-inf into out[t, begin:end] (tile by tile)."""
+    for s0 in tl.range(begin, end, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        tl.store(out_ptr + t[None, :] * S + s[:, None], tl.full((BLOCK_S, BLOCK_Q), float("-inf"), tl.float32),
+                 mask=live_t[None, :] & (s < end)[:, None])
+
+
+@triton.jit
 def _mqa_logits_kernel(q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, T, S, H,
                        stride_w0, stride_w1, stride_ks, stride_ke,
-                       CLEAN: tl.constexpr, BLOCK_Q: tl.constexpr, H_PAD: tl.constexpr, BLOCK_S: tl.constexpr):
+                       CLEAN: tl.constexpr, BLOCK_Q: tl.constexpr, H_PAD: tl.constexpr, BLOCK_S: tl.constexpr,
+                       CHUNK: tl.constexpr, STAGES: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)                  # 1-D grid: no 65535 limit on either axis
-    n_s = tl.cdiv(S, BLOCK_S)
-    t0 = pid // n_s * BLOCK_Q
-    s0 = (pid % n_s).to(tl.int32) * BLOCK_S
-    t = t0 + tl.arange(0, BLOCK_Q)
+    n_chunks = tl.cdiv(S, CHUNK)
+    t = pid // n_chunks * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    c0 = (pid % n_chunks).to(tl.int32) * CHUNK
+    c1 = tl.minimum(c0 + CHUNK, S)
     live_t = t < T
     lo = tl.load(ks_ptr + t * stride_ks, mask=live_t, other=S)
     hi = tl.load(ke_ptr + t * stride_ke, mask=live_t, other=0)
-    s = s0 + tl.arange(0, BLOCK_S)
-    out_rows = out_ptr + t[:, None] * S + s[None, :]
-    in_bounds = live_t[:, None] & (s < S)[None, :]
-    if (s0 < tl.max(hi, axis=0)) & (s0 + BLOCK_S > tl.min(lo, axis=0)):
-        live_s = s < S
-        d = tl.arange(0, 128)
-        keys = tl.load(k_ptr + s.to(tl.int64)[:, None] * 128 + d[None, :], mask=live_s[:, None], other=0.0)
-        scale = tl.load(scale_ptr + s, mask=live_s, other=0.0)
+    # tiles of [c0, c1) that some row's range reaches: [start, stop)
+    start = c0 + tl.maximum(tl.min(lo, axis=0) - c0, 0) // BLOCK_S * BLOCK_S
+    end = tl.minimum(tl.max(hi, axis=0), c1)
+    stop = tl.where(end > start, start + tl.cdiv(end - start, BLOCK_S) * BLOCK_S, start)
+    if CLEAN:
+        _fill_inf(out_ptr, t, live_t, S, c0, start, BLOCK_Q, BLOCK_S)
+        _fill_inf(out_ptr, t, live_t, S, tl.minimum(stop, c1), c1, BLOCK_Q, BLOCK_S)
+    if stop > start:
         r = tl.arange(0, BLOCK_Q * H_PAD)
-        row = t0 + r // H_PAD
+        row = pid // n_chunks * BLOCK_Q + r // H_PAD
         head = r % H_PAD
         live_r = (head < H) & (row < T)
+        d = tl.arange(0, 128)
         q = tl.load(q_ptr + (row * H + head)[:, None] * 128 + d[None, :], mask=live_r[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(keys)) * scale[None, :]
         w = tl.load(w_ptr + row * stride_w0 + head * stride_w1, mask=live_r, other=0.0)
-        logits = tl.sum(tl.reshape(tl.maximum(scores, 0.0) * w[:, None], (BLOCK_Q, H_PAD, BLOCK_S)), axis=1)
-        valid = (s[None, :] >= lo[:, None]) & (s[None, :] < hi[:, None])
-        if CLEAN:
-            tl.store(out_rows, tl.where(valid, logits, float("-inf")), mask=in_bounds)
-        else:
-            tl.store(out_rows, logits, mask=in_bounds & valid)
-    elif CLEAN:
-        tl.store(out_rows, tl.full((BLOCK_Q, BLOCK_S), float("-inf"), tl.float32), mask=in_bounds)
+        for s0 in tl.range(start, stop, BLOCK_S, num_stages=STAGES):
+            s = s0 + tl.arange(0, BLOCK_S)
+            live_s = s < c1
+            keys = tl.load(k_ptr + s.to(tl.int64)[:, None] * 128 + d[None, :], mask=live_s[:, None], other=0.0)
+            scale = tl.load(scale_ptr + s, mask=live_s, other=0.0)
+            scores = tl.dot(keys, tl.trans(q)) * scale[:, None]                   # [BLOCK_S, rows x heads]
+            weighted = tl.reshape(tl.maximum(scores, 0.0) * w[None, :], (BLOCK_S, BLOCK_Q, H_PAD))
+            logits = tl.sum(weighted, axis=2)                                       # [BLOCK_S, BLOCK_Q]
+            valid = (s[:, None] >= lo[None, :]) & (s[:, None] < hi[None, :])
+            dst = out_ptr + t[None, :] * S + s[:, None]
+            if CLEAN:
+                tl.store(dst, tl.where(valid, logits, float("-inf")), mask=live_t[None, :] & live_s[:, None])
+            else:
+                tl.store(dst, logits, mask=valid & live_s[:, None])
 
 
 def mqa_logits(a):
@@ -58,11 +76,10 @@ def mqa_logits(a):
     if T == 0 or S == 0:
         return out
     tune = tuning(platform(a.q.device))
-    h_pad = max(16, triton.next_power_of_2(H))
-    grid = (triton.cdiv(T, tune.mqa_block_q) * triton.cdiv(S, tune.mqa_block_s),)
+    grid = (triton.cdiv(T, tune.mqa_block_q) * triton.cdiv(S, tune.mqa_chunk_s),)
     _mqa_logits_kernel[grid](
         a.q, a.k, a.k_scale, a.weights, a.ks, a.ke, out, T, S, H, a.weights.stride(0), a.weights.stride(1),
-        a.ks.stride(0), a.ke.stride(0), CLEAN=a.clean, BLOCK_Q=tune.mqa_block_q, H_PAD=h_pad, BLOCK_S=tune.mqa_block_s,
-        num_warps=tune.mqa_warps,
+        a.ks.stride(0), a.ke.stride(0), CLEAN=a.clean, BLOCK_Q=tune.mqa_block_q, H_PAD=max(16, triton.next_power_of_2(H)),
+        BLOCK_S=tune.mqa_block_s, CHUNK=tune.mqa_chunk_s, STAGES=tune.mqa_stages, num_warps=tune.mqa_warps,
     )
     return out

@@ -28,8 +28,10 @@ class Tuning:
     logits_block_t: int = 64        # compressed tokens per program
     logits_warps: int = 4
     mqa_block_q: int = 2            # mqa_logits: query rows per program (x H heads feed one tl.dot)
-    mqa_block_s: int = 64           # mqa_logits: keys per program
+    mqa_block_s: int = 64           # mqa_logits: keys per tl.dot
+    mqa_chunk_s: int = 1024         # mqa_logits: keys per program (a loop over its tiles)
     mqa_warps: int = 4
+    mqa_stages: int = 2
     einsum_block_m: int = 64
     einsum_block_n: int = 128
     einsum_warps: int = 4
@@ -54,10 +56,10 @@ _TABLE = {
     ("cuda", "sm90"): Tuning(decode_block_h=64, decode_block_k=32, decode_warps=8, decode_waves=1,
                              prefill_block_h=64, prefill_block_k=32, prefill_warps=8, prefill_stages=1,
                              einsum_block_m=64, einsum_block_n=128, einsum_stages=4, logits_block_t=128,
-                             mqa_block_q=2, mqa_block_s=128, mqa_warps=8,
+                             mqa_block_q=2, mqa_block_s=128, mqa_chunk_s=2048, mqa_warps=8, mqa_stages=3,
                              topk_block=8192, topk_warps=16, topk_chunk=1 << 20),
     ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, prefill_block_h=16, prefill_block_k=16,
-                          topk_block=256, topk_chunk=64, logits_block_t=16, mqa_block_s=16,
+                          topk_block=256, topk_chunk=64, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
                           einsum_block_m=16, einsum_block_n=128),
 }
 
