@@ -76,10 +76,15 @@ BASES = {
 }
 
 
+QUICK_PREFERENCE = ("transposed", "expanded", "sliced")     # the quick tier's one layout per argument
+
+
 @functools.lru_cache(maxsize=None)
 def strided_params(op: str, tier: str) -> tuple[tuple, ...]:
-    """Builder parameters (sorted items) of the family's cases: one per (tensor argument, accepted
-    layout), on the first base case whose inputs have that argument."""
+    """Builder parameters (sorted items) of the family's cases, on the first base case whose inputs
+    have the argument: the full tier takes every accepted layout of every tensor argument, the quick
+    tier one per argument (the first of ``QUICK_PREFERENCE`` it accepts; a transposed view has no unit
+    stride at all, an expanded one a zero stride)."""
     params, seen = [], set()
     for base in BASES[tier].get(op, ()):
         present = BUILDERS[op]("cpu", torch.Generator().manual_seed(0), **base)
@@ -87,6 +92,8 @@ def strided_params(op: str, tier: str) -> tuple[tuple, ...]:
             if name in seen or present.get(name) is None:
                 continue
             seen.add(name)
+            if tier == "quick":
+                variants = [next(v for v in QUICK_PREFERENCE if v in variants)]
             params += [tuple(sorted({**base, "strided": f"{name}:{v}"}.items())) for v in variants]
     return tuple(params)
 
