@@ -282,8 +282,6 @@ def _topk_selection(c: _Collector, logits, k, starts, ends, got_result, slack, n
     sorted_idx = torch.where(in_prefix, got, W + pos[None, :]).sort(1).values
     dup = (sorted_idx[:, 1:] == sorted_idx[:, :-1]).any(1)
     c.require(not bool(dup.any()), f"{name}: {int(dup.sum())} rows repeat an index")
-    if W == 0:
-        return
     absolute = torch.where(in_prefix, got + starts[:, None], 0)
     selected = torch.zeros(R, W + 1, dtype=torch.bool).scatter_(1, torch.where(in_prefix, absolute, W), True)[:, :W]
     cols = torch.arange(W)
