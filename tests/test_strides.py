@@ -11,7 +11,7 @@ import dsv4ops
 from dsv4ops.checker import may_overlap, self_overlapping
 from dsv4ops.conformance import inputs
 from dsv4ops.conformance.cases import make_case
-from dsv4ops.conformance.strides import BASES, LAYOUTS, contiguous_only, restride
+from dsv4ops.conformance.strides import BASES, LAYOUTS, aliased, contiguous_only, restride
 
 G = lambda: torch.Generator().manual_seed(7)
 VARIANTS = ("sliced", "transposed", "expanded")
@@ -64,6 +64,35 @@ def test_family_covers_every_argument():
     for op, args in LAYOUTS.items():
         for arg in args:
             assert any(i.startswith(op + "[") and f"strided={arg}:" in i for i in ids), (op, arg)
+
+
+def _aliased_pairs():
+    """(op, base params, written argument, other tensor argument) over the quick bases."""
+    from dsv4ops.ops import OPS
+    out = []
+    for op, bases in BASES["quick"].items():
+        written = [a.name for a in OPS[op].spec.args if a.mutated]
+        kw = make_case(op, **bases[0]).build("cpu", 0)
+        tensors = [k for k, v in kw.items() if isinstance(v, torch.Tensor) and v.numel()]
+        out += [(op, bases[0], w, x) for w in written if w in tensors for x in tensors if x != w]
+    return out
+
+
+ALIASED = _aliased_pairs()
+
+
+@pytest.mark.parametrize("op,params,written,other", ALIASED,
+                         ids=[f"{op}-{w}-{x}" for op, _, w, x in ALIASED])
+def test_written_argument_overlapping_another(op, params, written, other):
+    kw = aliased(make_case(op, **params).build("cpu", 0), written, other)
+    if (op, written, other) == ("qnorm_rope_kv_insert", "out", "q") and kw["out"].dtype == kw["q"].dtype:
+        pytest.skip("out=q is the in-place form (test_qnorm_out_is_q_in_place)")
+    before = {k: v.clone() for k, v in kw.items() if isinstance(v, torch.Tensor)}
+    for backend in ("reference", "triton"):
+        with pytest.raises(dsv4ops.InputError, match=f"{op}: argument '({written}|{other})' .*overlap"):
+            getattr(dsv4ops, op)(**kw, backend=backend)
+    for name, t in before.items():
+        assert torch.equal(kw[name].contiguous().view(torch.uint8), t.contiguous().view(torch.uint8)), name
 
 
 # --- the overlap helpers ----------------------------------------------------------------------

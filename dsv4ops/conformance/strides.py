@@ -128,6 +128,17 @@ def apply(kwargs: dict, strided: str) -> dict:
     return {**kwargs, name: restride(kwargs[name], variant)}
 
 
+def aliased(kwargs: dict, written: str, other: str) -> dict:
+    """``kwargs`` with the written argument and ``other`` placed at the start of one byte buffer
+    (both contiguous, ``other`` keeping its values): an overlap validation must refuse."""
+    w, x = kwargs[written], kwargs[other]
+    buf = torch.zeros(max(w.numel() * w.element_size(), x.numel() * x.element_size()), dtype=torch.uint8,
+                      device=x.device)
+    x_view = buf[: x.numel() * x.element_size()].view(x.dtype).view(x.shape)
+    x_view.copy_(x)
+    return {**kwargs, written: buf[: w.numel() * w.element_size()].view(w.dtype).view(w.shape), other: x_view}
+
+
 def clone_exact(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` with its exact layout: strides, offset and the buffer around it (an expanded
     view stays expanded), which ``Tensor.clone`` does not keep for non-dense views."""
@@ -137,4 +148,4 @@ def clone_exact(t: torch.Tensor) -> torch.Tensor:
         t.untyped_storage().clone(), t.storage_offset(), t.shape, t.stride())
 
 
-__all__ = ["LAYOUTS", "BASES", "strided_params", "contiguous_only", "restride", "apply", "clone_exact"]
+__all__ = ["LAYOUTS", "BASES", "strided_params", "contiguous_only", "restride", "apply", "aliased", "clone_exact"]
