@@ -9,7 +9,7 @@ Importing this package imports no vendor library and no Triton; backends load on
 from . import formats
 from .formats import Layout
 from .selection import Decision, decide
-from .errors import ConfigError, Dsv4opsError, InputError, UnsupportedError
+from .errors import ConfigError, Dsv4opsError, InputError, UnsupportedError, VerificationError
 from .ops import inv_rope_fp8_quant
 from .ops import compress_kv_insert
 from .ops import OP_NAMES, OPS, fp8_einsum, indexer_topk, paged_mqa_logits, qnorm_rope_kv_insert, sparse_mla_decode
@@ -47,5 +47,5 @@ __all__ = [
     "sparse_mla_prefill", "mqa_logits",
     "dispatch", "explain", "prepare", "PreparedOp", "backends", "platform", "simulate_platform", "formats", "reference",
     "Decision", "Platform", "Layout", "Backend", "BackendInfo", "OP_NAMES",
-    "Dsv4opsError", "InputError", "UnsupportedError", "ConfigError",
+    "Dsv4opsError", "InputError", "UnsupportedError", "ConfigError", "VerificationError",
 ]

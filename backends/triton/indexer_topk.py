@@ -1,21 +1,27 @@
 """Triton op 5: per-row top-k by radix select over order-preserving uint32 keys.
 
-One kernel does both stages. A program selects the k largest of a set of positions: 4 passes of an
-8-bit histogram find the k-th largest key (only valid positions count), then two passes write the
-positions above it and as many ties as fill k, and -1 after. Short rows take one program per row.
-Long rows (more than two chunks) are first split into chunks, one program each, that keep their
-chunk's k largest columns (stage 1: the row's top-k is inside the union of the chunks' top-k); a
-second program per row then selects from those candidates (stage 2), gathering their logits.
-Output columns are row-local (``column - row_start``).
+A program selects the k largest of a set of positions and writes them (ties as many as fill k, in
+column order), then -1 up to k. Two ways to find the k-th largest key, chosen at compile time:
+
+- resident (the set fits one block, ``topk_resident`` columns): the keys are loaded once and stay
+  in registers; 32 bisection steps over the key bits, each a block reduction (no atomics), find it.
+- streamed (larger sets): 4 passes of an 8-bit histogram over the positions, block by block.
+
+A row is split into pieces, one program each, when it is longer than a resident block or when
+there are too few rows to fill the GPU; each piece keeps its k largest columns (stage 1: the row's
+top-k is inside the union of the pieces' top-k), and a second program per row selects from those
+candidates (stage 2), gathering their logits. Output columns are row-local (``column - row_start``).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from dsv4ops.backend_support import topk_output
-from dsv4ops.platform import platform
+from dsv4ops.platform import multiprocessors, platform
 
 from .tuning import tuning
 
@@ -58,10 +64,23 @@ def _candidates(src, stride_c, cand_row, p, lo, hi, GATHER: tl.constexpr):
 
 
 @triton.jit
+def _kth_largest(key, live, want):
+    """The ``want``-th largest of the live keys (all ones when ``want`` is 0), bit by bit from the
+    top: keep a bit when at least ``want`` live keys are >= the candidate with it set."""
+    threshold = tl.zeros((), tl.uint32)
+    for bit in tl.static_range(32):
+        trial = threshold | (tl.full((), 1, tl.uint32) << (31 - bit))
+        count = tl.sum((live & (key >= trial)).to(tl.int32), axis=0)
+        threshold = tl.where(count >= want, trial, threshold)
+    return threshold
+
+
+@triton.jit
 def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1,
                          next_n, cand_ptr,
                          n_cand, out_ptr, out_stride, k, chunk,
-                         MODE: tl.constexpr, GATHER: tl.constexpr, LOCAL: tl.constexpr, BLOCK: tl.constexpr):
+                         MODE: tl.constexpr, GATHER: tl.constexpr, LOCAL: tl.constexpr, BLOCK: tl.constexpr,
+                         RESIDENT: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
@@ -76,40 +95,51 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
     base = start if LOCAL else 0                 # written column = column - base
     dst = out_ptr + row * out_stride + part * k
 
-    digits = tl.arange(0, 256)
-    prefix = tl.zeros((), tl.uint32)
-    remaining = 0
-    want = 0
-    for p in range(4):                           # most significant byte first
-        shift = 24 - 8 * p
-        hist = tl.zeros((256,), tl.int32)
+    if RESIDENT:                                 # hi - lo <= BLOCK: one load, selection in registers
+        col, live, key = _candidates(src, stride_c, cand_row, lo + tl.arange(0, BLOCK), lo, hi, GATHER)
+        want = tl.minimum(tl.sum(live.to(tl.int32), axis=0), k)
+        threshold = _kth_largest(key, live, want)
+        above = live & (key > threshold)
+        written = tl.sum(above.to(tl.int32), axis=0)
+        tl.store(dst + tl.cumsum(above.to(tl.int32), axis=0) - 1, (col - base).to(tl.int32), mask=above)
+        tie = live & (key == threshold)
+        rank = tl.cumsum(tie.to(tl.int32), axis=0) - 1
+        tl.store(dst + written + rank, (col - base).to(tl.int32), mask=tie & (rank < want - written))
+    else:
+        digits = tl.arange(0, 256)
+        prefix = tl.zeros((), tl.uint32)
+        remaining = 0
+        want = 0
+        for p in range(4):                           # most significant byte first
+            shift = 24 - 8 * p
+            hist = tl.zeros((256,), tl.int32)
+            for c0 in range(lo, hi, BLOCK):
+                col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
+                if p > 0:
+                    live = live & ((key >> (shift + 8)) == prefix)
+                hist += tl.histogram(((key >> shift) & 0xFF).to(tl.int32), 256, mask=live)
+            if p == 0:
+                want = tl.minimum(tl.sum(hist, axis=0), k)     # valid positions, at most k
+                remaining = want
+            at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+            chosen = tl.max(tl.where(at_or_above >= remaining, digits, 0), axis=0)
+            remaining -= tl.sum(tl.where(digits > chosen, hist, 0), axis=0)
+            prefix = (prefix << 8) | chosen.to(tl.uint32)
+        # prefix is the want-th largest key; `remaining` ties with it are still to be taken.
+        written = 0
         for c0 in range(lo, hi, BLOCK):
             col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
-            if p > 0:
-                live = live & ((key >> (shift + 8)) == prefix)
-            hist += tl.histogram(((key >> shift) & 0xFF).to(tl.int32), 256, mask=live)
-        if p == 0:
-            want = tl.minimum(tl.sum(hist, axis=0), k)     # valid positions, at most k
-            remaining = want
-        at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-        chosen = tl.max(tl.where(at_or_above >= remaining, digits, 0), axis=0)
-        remaining -= tl.sum(tl.where(digits > chosen, hist, 0), axis=0)
-        prefix = (prefix << 8) | chosen.to(tl.uint32)
-    # prefix is the want-th largest key; `remaining` ties with it are still to be taken.
-    written = 0
-    for c0 in range(lo, hi, BLOCK):
-        col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
-        above = live & (key > prefix) & (want > 0)
-        pos = written + tl.cumsum(above.to(tl.int32), axis=0) - 1
-        tl.store(dst + pos, (col - base).to(tl.int32), mask=above)
-        written += tl.sum(above.to(tl.int32), axis=0)
-    ties = 0
-    for c0 in range(lo, hi, BLOCK):
-        col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
-        tie = live & (key == prefix) & (want > 0)
-        rank = ties + tl.cumsum(tie.to(tl.int32), axis=0) - 1
-        tl.store(dst + written + rank, (col - base).to(tl.int32), mask=tie & (rank < remaining))
-        ties += tl.sum(tie.to(tl.int32), axis=0)
+            above = live & (key > prefix) & (want > 0)
+            pos = written + tl.cumsum(above.to(tl.int32), axis=0) - 1
+            tl.store(dst + pos, (col - base).to(tl.int32), mask=above)
+            written += tl.sum(above.to(tl.int32), axis=0)
+        ties = 0
+        for c0 in range(lo, hi, BLOCK):
+            col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
+            tie = live & (key == prefix) & (want > 0)
+            rank = ties + tl.cumsum(tie.to(tl.int32), axis=0) - 1
+            tl.store(dst + written + rank, (col - base).to(tl.int32), mask=tie & (rank < remaining))
+            ties += tl.sum(tie.to(tl.int32), axis=0)
     for c0 in range(0, k, BLOCK):
         c = c0 + tl.arange(0, BLOCK)
         tl.store(dst + c, tl.full((BLOCK,), -1, tl.int32), mask=(c >= want) & (c < k))
@@ -130,14 +160,33 @@ def indexer_topk(a):
         next_n = a.seq_lens.shape[1] if two_d else a.next_n
         strides = (a.seq_lens.stride(0), a.seq_lens.stride(1) if two_d else 0)
     rows = (a.logits, a.logits.stride(0), a.logits.stride(1), starts, ends, lens, *strides, next_n)
-    common = dict(MODE=mode, BLOCK=tune.topk_block, num_warps=tune.topk_warps)
-    chunk = max(tune.topk_chunk, a.k)
-    chunks = triton.cdiv(W, chunk)
-    if chunks <= 2:                              # one program per row
-        _indexer_topk_kernel[(R, 1)](*rows, out, 0, out, a.k, a.k, W, GATHER=False, LOCAL=True, **common)
+    pieces, piece = _split(R, W, a.k, tune, multiprocessors(a.logits.device))
+    launch = functools.partial(_launch, rows, mode, tune, a.k)
+    if pieces == 1:                              # one program per row
+        launch((R, 1), out, 0, out, a.k, W, W, gather=False, local=True)
         return out
-    n_cand = chunks * a.k                          # stage 1: each chunk's k largest columns
+    n_cand = pieces * a.k                        # stage 1: each piece's k largest columns
     cand = torch.empty(R, n_cand, dtype=torch.int32, device=a.logits.device)
-    _indexer_topk_kernel[(R, chunks)](*rows, cand, 0, cand, n_cand, a.k, chunk, GATHER=False, LOCAL=False, **common)
-    _indexer_topk_kernel[(R, 1)](*rows, cand, n_cand, out, a.k, a.k, W, GATHER=True, LOCAL=True, **common)
+    launch((R, pieces), cand, 0, cand, n_cand, piece, piece, gather=False, local=False)
+    launch((R, 1), cand, n_cand, out, a.k, W, n_cand, gather=True, local=True)
     return out
+
+
+def _split(R: int, W: int, k: int, tune, sms: int) -> tuple[int, int]:
+    """(pieces per row, columns per piece): enough pieces that each fits a resident block and that
+    R * pieces fills the multiprocessors, none shorter than ``topk_min_piece`` or 2k."""
+    pieces = triton.cdiv(W, tune.topk_resident)
+    if R < sms:
+        pieces = max(pieces, min(triton.cdiv(sms, R), W // max(tune.topk_min_piece, 2 * k)))
+    if pieces <= 1:
+        return 1, W
+    return pieces, max(triton.cdiv(W, pieces), k)
+
+
+def _launch(rows, mode, tune, k, grid, cand, n_cand, out, out_stride, chunk, span, *, gather, local):
+    """One launch whose programs each select among ``span`` positions: resident when they fit."""
+    resident = span <= tune.topk_resident
+    block = triton.next_power_of_2(max(span, 16)) if resident else tune.topk_block
+    warps = min(max(block // 1024, 4), 16) if resident else tune.topk_warps
+    _indexer_topk_kernel[grid](*rows, cand, n_cand, out, out_stride, k, chunk, MODE=mode, GATHER=gather,
+                               LOCAL=local, BLOCK=block, RESIDENT=resident, num_warps=warps)

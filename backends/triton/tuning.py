@@ -38,7 +38,8 @@ class Tuning:
     einsum_stages: int = 3
     topk_block: int = 2048
     topk_warps: int = 8
-    topk_chunk: int = 4096          # columns per stage-1 program for long rows (at least k)
+    topk_resident: int = 32768      # the most positions a program selects from in registers
+    topk_min_piece: int = 4096      # shortest piece a row is split into to fill the GPU
     insert_warps: int = 4
     inv_rope_heads: int = 4         # heads per inv_rope_fp8_quant program
     inv_rope_warps: int = 4
@@ -48,18 +49,17 @@ class Tuning:
 _TABLE = {
     # docs/perf/H100.md (sweep_decode.sh, sweep_tunables.sh): decode 64 heads x 32 rows per step,
     # split only up to one wave (T=128 H=64: 124 -> 82 us); logits 128 tokens per program (62 -> 52 us
-    # at B=128, 8K); top-k in one stage on 8192-wide blocks and 16 warps (172 -> 144 us), the setting
-    # the full conformance tier ran with. Two stages over 4096-column chunks with 4096-wide blocks on
-    # 8 warps measured 112 us (H100-sweep-topk-two-stage.txt) but its full-tier run did not fit the
-    # session's device time: switch to it (topk_chunk=4096, topk_block=4096, topk_warps=8) after one.
+    # at B=128, 8K). Top-k: rows of up to 32768 columns select in registers (the streamed histogram
+    # passes measured 144 us at 128 x 32768, k=512: docs/perf/H100.md); streamed blocks of 8192 on
+    # 16 warps for stage-2 candidate sets larger than that.
     # sparse_mla_prefill starts from the decode tiles (not yet swept: docs/perf/sweep_tunables.sh).
     ("cuda", "sm90"): Tuning(decode_block_h=64, decode_block_k=32, decode_warps=8, decode_waves=1,
                              prefill_block_h=64, prefill_block_k=32, prefill_warps=8, prefill_stages=1,
                              einsum_block_m=64, einsum_block_n=128, einsum_stages=4, logits_block_t=128,
                              mqa_block_q=2, mqa_block_s=128, mqa_chunk_s=2048, mqa_warps=8, mqa_stages=3,
-                             topk_block=8192, topk_warps=16, topk_chunk=1 << 20),
+                             topk_block=8192, topk_warps=16),
     ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, prefill_block_h=16, prefill_block_k=16,
-                          topk_block=256, topk_chunk=64, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
+                          topk_block=64, topk_resident=128, topk_min_piece=32, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
                           einsum_block_m=16, einsum_block_n=128),
 }
 

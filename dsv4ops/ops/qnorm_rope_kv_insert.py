@@ -70,7 +70,7 @@ SPEC = OpSpec(
     Returns bf16 [T, H, 512] (``q`` itself unless ``out``) for
     "fp8_ds_mla"/"bf16", float8_e4m3fn [T, H, 512] for "fp8_per_tensor" (``q`` unmodified).""",
     args=(
-        Arg("q", Tensor, doc="bf16 [T, H, 512], rewritten in place unless out= or fp8_per_tensor"),
+        Arg("q", Tensor, mutated=True, doc="bf16 [T, H, 512], rewritten in place unless out= or fp8_per_tensor"),
         Arg("kv", Tensor, doc="bf16 [T, 512]"),
         Arg("positions", Tensor, doc="int64 [T]"),
         Arg("cos_sin_cache", Tensor, doc="fp32 [max_pos, 64]"),
