@@ -73,7 +73,7 @@ def sweep_cases() -> list[Case]:
     out += [c("paged_mqa_logits", B=B, next_n=1, context=ctx, H=64, block_size=64)
             for B in (8, 128) for ctx in (2048, 8192, 32768)]
     out += [c("fp8_einsum", B=B, H=8, D=1024, R=4096) for B in (1, 32, 128, 512, 2048)]
-    out += [c("indexer_topk", R=R, W=W, k=512, mode="decode2d") for R in (8, 128) for W in (4096, 32768)]
+    out += [c("indexer_topk", R=R, W=W, k=512, mode="decode2d") for R in (4, 16, 64, 128) for W in (8192, 32768, 65536)]
     out += [c("mqa_logits", T=T, S=S, H=64, ranges=r) for T, S in ((1024, 8192), (4096, 32768), (8192, 65536))
             for r in ("causal", "requests")]
     return out
