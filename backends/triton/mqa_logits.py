@@ -32,7 +32,8 @@ def _mqa_logits_kernel(q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, 
                        CHUNK: tl.constexpr, STAGES: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)                  # 1-D grid: no 65535 limit on either axis
     n_chunks = tl.cdiv(S, CHUNK)
-    t = pid // n_chunks * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    t0 = pid // n_chunks * BLOCK_Q
+    t = t0 + tl.arange(0, BLOCK_Q)
     c0 = (pid % n_chunks).to(tl.int32) * CHUNK
     c1 = tl.minimum(c0 + CHUNK, S)
     live_t = t < T
@@ -47,7 +48,7 @@ def _mqa_logits_kernel(q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, 
         _fill_inf(out_ptr, t, live_t, S, tl.minimum(stop, c1), c1, BLOCK_Q, BLOCK_S)
     if stop > start:
         r = tl.arange(0, BLOCK_Q * H_PAD)
-        row = pid // n_chunks * BLOCK_Q + r // H_PAD
+        row = t0 + r // H_PAD
         head = r % H_PAD
         live_r = (head < H) & (row < T)
         d = tl.arange(0, 128)
