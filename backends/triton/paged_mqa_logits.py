@@ -1,7 +1,8 @@
 """Triton op 3: one program per (request, block of compressed tokens). It gathers the block's
-fp8 keys once and scores every (MTP row, head) of the request against them with one tl.dot
-(next_n padded to a power of two, padding rows masked). weights, context_lens and block_table are
-read through their strides."""
+fp8 keys once and scores the request's (MTP row, head) pairs against them with tl.dot, in chunks of
+rows that keep a product at most ``MAX_DOT_ROWS`` (row, head) pairs tall (next_n padded to a power
+of two, padding rows masked; any next_n). weights, context_lens and block_table are read through
+their strides."""
 from __future__ import annotations
 
 import torch
@@ -12,24 +13,28 @@ from dsv4ops.platform import platform
 
 from .tuning import tuning
 
+MAX_DOT_ROWS = 128          # (row, head) pairs per tl.dot: V4's next_n = 2 x 64 heads in one product
+
+
+@triton.jit
+def _row_limits(lens_ptr, b, j, next_n, stride_l0, stride_l1, LENS_2D: tl.constexpr):
+    """Valid columns of rows ``j`` (a block of MTP indices) of request ``b``; 0 for padding rows."""
+    live = j < next_n
+    if LENS_2D:
+        return tl.load(lens_ptr + b * stride_l0 + j * stride_l1, mask=live, other=0)
+    return tl.where(live, tl.maximum(tl.load(lens_ptr + b * stride_l0) - next_n + j + 1, 0), 0)
+
 
 @triton.jit
 def _paged_mqa_logits_kernel(q_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, H, next_n, block_size, width,
                              stride_w0, stride_w1, stride_l0, stride_l1, stride_t0, stride_t1,
                              LENS_2D: tl.constexpr, CLEAN: tl.constexpr, NEXT_N_PAD: tl.constexpr,
-                             H_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
+                             J_CHUNK: tl.constexpr, H_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     t0 = tl.program_id(1) * BLOCK_T
     t = t0 + tl.arange(0, BLOCK_T)
-    j = tl.arange(0, NEXT_N_PAD)
-    live_j = j < next_n
-    if LENS_2D:
-        limit = tl.load(lens_ptr + b * stride_l0 + j * stride_l1, mask=live_j, other=0)
-    else:
-        limit = tl.where(live_j, tl.maximum(tl.load(lens_ptr + b * stride_l0) - next_n + j + 1, 0), 0)
-    row_max = tl.max(limit, axis=0)
-    out_rows = out_ptr + (b * next_n + j)[:, None] * width + t[None, :]
-    in_width = live_j[:, None] & (t < width)[None, :]
+    row_max = tl.max(_row_limits(lens_ptr, b, tl.arange(0, NEXT_N_PAD), next_n, stride_l0, stride_l1, LENS_2D),
+                     axis=0)
     if t0 < row_max:
         live_t = t < row_max
         page = tl.load(table_ptr + b * stride_t0 + (t // block_size).to(tl.int64) * stride_t1, mask=live_t,
@@ -40,23 +45,31 @@ def _paged_mqa_logits_kernel(q_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_p
         keys = keys.to(tl.float8e4nv, bitcast=True)
         scale = tl.load((page_base + block_size * 128 + (t % block_size) * 4).to(tl.pointer_type(tl.float32)),
                         mask=live_t, other=0.0)
-        r = tl.arange(0, NEXT_N_PAD * H_PAD)
-        jj = r // H_PAD
-        hh = r % H_PAD
-        live_r = (hh < H) & (jj < next_n)
-        row = b * next_n + jj
-        q = tl.load(q_ptr + (row * H + hh)[:, None] * 128 + d[None, :], mask=live_r[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(keys)) * scale[None, :]
-        w = tl.load(w_ptr + row * stride_w0 + hh.to(tl.int64) * stride_w1, mask=live_r, other=0.0)
-        weighted = tl.reshape(tl.maximum(s, 0.0) * w[:, None], (NEXT_N_PAD, H_PAD, BLOCK_T))
-        logits = tl.sum(weighted, axis=1)
-        valid = t[None, :] < limit[:, None]
-        if CLEAN:
-            tl.store(out_rows, tl.where(valid, logits, float("-inf")), mask=in_width)
-        else:
-            tl.store(out_rows, logits, mask=in_width & valid)
+        for j0 in tl.static_range(0, NEXT_N_PAD, J_CHUNK):
+            r = tl.arange(0, J_CHUNK * H_PAD)
+            jj = j0 + r // H_PAD
+            hh = r % H_PAD
+            live_r = (hh < H) & (jj < next_n)
+            row = b * next_n + jj
+            q = tl.load(q_ptr + (row * H + hh)[:, None] * 128 + d[None, :], mask=live_r[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(keys)) * scale[None, :]
+            w = tl.load(w_ptr + row * stride_w0 + hh.to(tl.int64) * stride_w1, mask=live_r, other=0.0)
+            weighted = tl.reshape(tl.maximum(s, 0.0) * w[:, None], (J_CHUNK, H_PAD, BLOCK_T))
+            logits = tl.sum(weighted, axis=1)
+            j = j0 + tl.arange(0, J_CHUNK)
+            limit = _row_limits(lens_ptr, b, j, next_n, stride_l0, stride_l1, LENS_2D)
+            valid = t[None, :] < limit[:, None]
+            out_rows = out_ptr + (b * next_n + j)[:, None] * width + t[None, :]
+            in_width = (j < next_n)[:, None] & (t < width)[None, :]
+            if CLEAN:
+                tl.store(out_rows, tl.where(valid, logits, float("-inf")), mask=in_width)
+            else:
+                tl.store(out_rows, logits, mask=in_width & valid)
     elif CLEAN:
-        tl.store(out_rows, tl.full((NEXT_N_PAD, BLOCK_T), float("-inf"), tl.float32), mask=in_width)
+        j = tl.arange(0, NEXT_N_PAD)
+        out_rows = out_ptr + (b * next_n + j)[:, None] * width + t[None, :]
+        tl.store(out_rows, tl.full((NEXT_N_PAD, BLOCK_T), float("-inf"), tl.float32),
+                 mask=(j < next_n)[:, None] & (t < width)[None, :])
 
 
 def paged_mqa_logits(a):
@@ -67,12 +80,14 @@ def paged_mqa_logits(a):
     tune = tuning(platform(a.q.device))
     BLOCK_T = tune.logits_block_t
     h_pad = max(16, triton.next_power_of_2(H))
+    next_pad = triton.next_power_of_2(next_n)
     lens = a.context_lens
     grid = (B, triton.cdiv(a.max_context_len, BLOCK_T))
     _paged_mqa_logits_kernel[grid](
         a.q, a.kv_cache, a.weights, lens, a.block_table, out, H, next_n, a.kv_cache.shape[1], a.max_context_len,
         a.weights.stride(0), a.weights.stride(1), lens.stride(0), lens.stride(-1), a.block_table.stride(0),
-        a.block_table.stride(1), LENS_2D=lens.dim() == 2, CLEAN=a.clean, NEXT_N_PAD=triton.next_power_of_2(next_n),
-        H_PAD=h_pad, BLOCK_T=BLOCK_T, num_warps=tune.logits_warps,
+        a.block_table.stride(1), LENS_2D=lens.dim() == 2, CLEAN=a.clean, NEXT_N_PAD=next_pad,
+        J_CHUNK=max(1, min(next_pad, MAX_DOT_ROWS // h_pad)), H_PAD=h_pad, BLOCK_T=BLOCK_T,
+        num_warps=tune.logits_warps,
     )
     return out

@@ -156,7 +156,8 @@ def _logits(tier):
                         clean=clean, scale_fmt="ue8m0" if clean else "fp32", out=next_n == 2)
         for corner in ("zero_len", "short", "padded_rows"):
             yield make_case(op, tier, B=3, next_n=2, context=24, H=8, block_size=16, corner=corner, clean=True)
-        yield make_case(op, tier, B=2, next_n=6, context=40, H=8, block_size=16, lens_dim=1, clean=True)  # vLLM MTP
+        for lens_dim, clean in ((1, True), (2, False)):   # vLLM's MTP width; 64 heads: rows in 3 chunks + padding
+            yield make_case(op, tier, B=2, next_n=6, context=40, H=64, block_size=16, lens_dim=lens_dim, clean=clean)
         return
     for B, next_n, context in itertools.product((4, 64), (1, 2), (2048, 8192)):
         yield make_case(op, tier, B=B, next_n=next_n, context=context, H=INDEX_HEADS, block_size=C4_BLOCK,
