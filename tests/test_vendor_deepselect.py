@@ -181,3 +181,13 @@ def test_deepselect_calls_bind_to_installed_signatures(monkeypatch):
         ours = [(p.name, p.kind, p.default is p.empty) for p in inspect.signature(fake_ds.CALLED[path]).parameters.values()]
         theirs = [(p.name, p.kind, p.default is p.empty) for p in sig.parameters.values()]
         assert ours == theirs, f"{path}: the fake's parameters differ from {DIST}'s"
+
+
+def test_deepselect_stride_requirement_matches_installed():
+    """Where deep_select imports (a CUDA torch; a host call, any GPU): the fake's (1024, 32) bytes are
+    the release's. The adapter itself reads the requirement from the installed release at run time."""
+    try:
+        module = importlib.import_module("deep_select")
+    except Exception as exc:
+        pytest.skip(f"deep_select does not import here ({type(exc).__name__}: {str(exc)[:100]})")
+    assert tuple(module.get_stride_requirement()) == fake_ds.get_stride_requirement()
