@@ -51,6 +51,7 @@ def production_cases() -> list[Case]:
           extra_slots=32768, lens="full"),
         c("paged_mqa_logits", B=128, next_n=1, context=8192, H=64, block_size=64),
         c("paged_mqa_logits", B=64, next_n=2, context=8192, H=64, block_size=64),
+        c("paged_mqa_logits", B=32, next_n=6, context=8192, H=64, block_size=64),        # vLLM's MTP width
         c("fp8_einsum", B=128, H=8, D=1024, R=4096),
         c("fp8_einsum", B=1024, H=8, D=1024, R=4096),
         c("indexer_topk", R=128, W=32768, k=512, mode="decode2d"),

@@ -163,6 +163,8 @@ def _logits(tier):
         yield make_case(op, tier, B=B, next_n=next_n, context=context, H=INDEX_HEADS, block_size=C4_BLOCK,
                     lens_dim=2, scale_fmt="ue8m0")
     yield make_case(op, tier, B=8, next_n=1, context=4096, H=INDEX_HEADS, block_size=C4_BLOCK, lens_dim=1, clean=True)
+    yield make_case(op, tier, B=8, next_n=6, context=4096, H=INDEX_HEADS, block_size=C4_BLOCK, lens_dim=1,
+                    clean=True)                                        # vLLM's MTP test width
     for corner in ("zero_len", "short", "padded_rows"):
         yield make_case(op, tier, B=8, next_n=2, context=1024, H=INDEX_HEADS, block_size=C4_BLOCK, corner=corner,
                     clean=True)
