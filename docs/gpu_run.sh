@@ -2,7 +2,7 @@
 # One device call: install the carried wheels, then (by default) every stage below. STAGES selects
 # some, to split the work over two calls: check (full conformance tier), bench (production shapes),
 # overhead (dispatch overhead), tune (selection table, then the example step with it), pytest
-# (GPU-only tests: int64 addressing, CUDA graphs, example pipeline, torch ops, prepared calls),
+# (GPU-only tests: int64 addressing, CUDA graphs, example pipeline, torch ops, prepared calls; vendor API drift),
 # example (decode step timing per backend setting), sweep (Triton decode tunables).
 # .whl/ holds the vendor wheels (fetched where there is network with `python3 -m pip download --no-deps
 # --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl
@@ -28,6 +28,10 @@ if has tune; then
 fi
 has pytest && python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_large_addressing.py" "$repo/tests/test_cuda_graphs.py" \
   "$repo/tests/test_example.py" "$repo/tests/test_torch_ops.py" "$repo/tests/test_prepared.py" 2>&1 | tail -25 | tee "$out/pytest_gpu.txt"
+# API drift on the GPU machine: the adapters' recorded calls bound to the installed vendor wheels
+# (FlashMLA, DeepGEMM, and whatever else .whl/ carried); -rs names the ones not importable here.
+has pytest && python3 -m pytest -q -rs -p no:cacheprovider "$repo/tests/test_vendor_contracts.py" \
+  "$repo/tests/test_vendor_deepselect.py" -k installed 2>&1 | tail -25 | tee "$out/drift_gpu.txt"
 has example && $step auto triton "sparse_mla_decode=flashmla,paged_mqa_logits=deepgemm,fp8_einsum=deepgemm,*=triton" \
   reference 2>&1 | tee "$out/example.txt"
 has sweep && bash "$repo/docs/perf/sweep_decode.sh" "$out/sweep_decode.txt"
