@@ -100,3 +100,65 @@ def test_mqa_logits_beyond_2gb(backend):
     ref = dsv4ops.reference.mqa_logits(**ref_kwargs)
     verdict = compare.mqa_logits(None, ref_kwargs, ref, {}, got)
     assert verdict.ok, verdict.message
+
+
+def _compress_tail(dev, backend, state_blocks, cache_blocks):
+    """compress_kv_insert on one C4 request whose state pages and entries are the last pages of a
+    ``state_blocks``-page state cache and a ``cache_blocks``-page fp8_ds_mla cache; judged against
+    the reference run on copies of those pages alone."""
+    D, ratio, sbs, bs, T = 512, 4, 4, 64, 64
+    gen = torch.Generator(device=dev).manual_seed(0)
+    state = torch.zeros(state_blocks, sbs, 4 * D, device=dev)
+    cache = formats.allocate_kv_cache(cache_blocks, bs, "fp8_ds_mla", dev)
+    kv = torch.randn(T, 2 * D, device=dev, generator=gen)
+    score = torch.randn(T, 2 * D, device=dev, generator=gen)
+    ape = torch.randn(ratio, 2 * D, device=dev, generator=gen) * 0.5
+    weight, cs, pos = torch.ones(D, device=dev), cos_sin_cache(T).to(dev), torch.arange(T, device=dev)
+    pages = T // sbs
+    local_table = torch.arange(pages, dtype=torch.int32, device=dev)[None]
+    local_sslots = pos // sbs * sbs + pos % sbs
+    local_slots = torch.where((pos + 1) % ratio == 0, pos // ratio, -1)
+    far_slots = torch.where(local_slots >= 0, local_slots + (cache_blocks - 1) * bs, -1)
+    args = (kv, score, pos, ape, weight, cs)
+    kw = dict(layout="fp8_ds_mla", ratio=ratio, block_size=bs)
+    req = torch.zeros(T, dtype=torch.int32, device=dev)
+    far = (state, local_sslots + (state_blocks - pages) * sbs, local_table + (state_blocks - pages), req,
+           cache, far_slots)
+    if not _serves("compress_kv_insert", backend, *args, *far, **kw):
+        pytest.skip(f"{backend} does not serve compress_kv_insert here")
+    dsv4ops.compress_kv_insert(*args, *far, **kw, backend=backend)
+    ref_state, ref_cache = torch.zeros_like(state[-pages:]), torch.zeros_like(cache[-1:])
+    ref_kwargs = dict(kw, state_cache=ref_state, state_slot_mapping=local_sslots, positions=pos,
+                      slot_mapping=local_slots, kv_cache=ref_cache)
+    dsv4ops.reference.compress_kv_insert(*args, ref_state, local_sslots, local_table, req, ref_cache, local_slots,
+                                         **kw)
+    verdict = compare.compress_kv_insert(None, ref_kwargs, None,
+                                         dict(state_cache=state[-pages:], kv_cache=cache[-1:]), None)
+    assert verdict.ok, verdict.message
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_compress_beyond_2gb(backend):
+    """State cache and compressed cache both over 2**31 bytes, written only in their last pages."""
+    state_blocks = 2**31 // (4 * 2048 * 4) + 32
+    cache_blocks = 2**31 // formats.ds_mla_page_bytes(64) + 16
+    _compress_tail(torch.device("cuda"), backend, state_blocks, cache_blocks)
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_inv_rope_beyond_2gb(backend):
+    """Outputs over 2**31 bytes (T * H * 512 fp8 values); the last tokens are judged against the
+    reference run on them alone."""
+    dev, H, G, tail = torch.device("cuda"), 64, 8, 16
+    T = 2**31 // (H * 512) + tail
+    gen = torch.Generator(device=dev).manual_seed(0)
+    o = (torch.randn(T, H, 512, device=dev, generator=gen) * 0.3).to(torch.bfloat16)
+    pos = torch.randint(0, 4096, (T,), device=dev, generator=gen)
+    cs = cos_sin_cache(4096).to(dev)
+    if not _serves("inv_rope_fp8_quant", backend, o, pos, cs, n_groups=G):
+        pytest.skip(f"{backend} does not serve inv_rope_fp8_quant here")
+    a, a_scale = dsv4ops.inv_rope_fp8_quant(o, pos, cs, n_groups=G, backend=backend)
+    assert a.numel() > 2**31
+    ref = dsv4ops.reference.inv_rope_fp8_quant(o[-tail:], pos[-tail:], cs, n_groups=G)
+    verdict = compare.inv_rope_fp8_quant(None, {}, ref, {}, (a[-tail:], a_scale[-tail:]))
+    assert verdict.ok, verdict.message
