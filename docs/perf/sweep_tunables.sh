@@ -18,8 +18,10 @@ for c in topk_block=2048,topk_warps=8 topk_block=4096,topk_warps=16 topk_block=8
 for c in logits_block_t=64,logits_warps=4 logits_block_t=128,logits_warps=4 logits_block_t=128,logits_warps=8 \
          logits_block_t=32,logits_warps=4 logits_block_t=64,logits_warps=8; do run paged_mqa_logits $c; done
 # sparse_mla_prefill (production cases: T=4096, 128 heads 128+1024 and 64 heads 128+512; FlashMLA 2212 / 746 us
-# over its workspace alone): heads per program x rows per step x warps x stages
-for c in 64,32,8,1 64,64,8,1 64,64,8,2 64,32,8,2 32,64,4,2; do
+# over its workspace alone): heads per program x rows per step x warps x stages. Compiled offline for sm90, every
+# setting uses 255 registers and spills (the [64, 512] fp32 accumulator alone takes 128 per thread at 8 warps);
+# 64,64,* spills the most, 32,32,4 leaves room for two programs per SM.
+for c in 64,32,8,1 64,32,8,2 64,16,8,1 64,64,8,1 32,32,4,1; do
   IFS=, read -r h k w s <<< "$c"
   run sparse_mla_prefill prefill_block_h=$h,prefill_block_k=$k,prefill_warps=$w,prefill_stages=$s
 done
