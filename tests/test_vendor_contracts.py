@@ -12,7 +12,7 @@ import torch
 
 import dsv4ops
 from dsv4ops import registry
-from dsv4ops.conformance import cases, run_case
+from dsv4ops.conformance import cases, compare, run_case
 from dsv4ops.conformance.cases import make_case
 
 from fakes import flashinfer as fake_flashinfer
@@ -172,10 +172,17 @@ def test_deepgemm_mqa_logits_contract(monkeypatch, generation):
     fake_deep_gemm.install(monkeypatch, generation)
     backend = registry.get_backend("deepgemm")
     monkeypatch.setattr(backend, "_probed", None)
+    kw = _MQA_DG[2].build("cpu", 1)
+    kw["k_scale"] = torch.cat([torch.zeros(1), kw["k_scale"]])[1:]                      # 4-byte aligned only
+    kw["weights"] = torch.cat([kw["weights"], kw["weights"]], 1)[:, :64]              # row stride 128
     try:
         ran, skipped = _simulated("cuda", "sm90", "mqa_logits", "deepgemm", _MQA_DG)
+        with dsv4ops.simulate_platform("cuda", "sm90"):
+            got = dsv4ops.mqa_logits(**kw, backend="deepgemm")                          # copied for TMA
     finally:
         backend._probed = None
+    ref_kwargs = {**kw, "out": None}
+    assert compare.mqa_logits(None, ref_kwargs, dsv4ops.reference.mqa_logits(**ref_kwargs), {}, got).ok
     assert {r.case.id for r in ran} >= {c.id for c in _MQA_DG}
     assert any("H=8: the SM90 kernel is built for 32 or 64 heads" == m for m in skipped.values())
     assert any("float8_e4m3fnuz inputs" in m for m in skipped.values())

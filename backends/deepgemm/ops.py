@@ -37,6 +37,13 @@ def paged_mqa_logits(a):
     return a.out.copy_(logits)
 
 
+def _tma_ready(t: torch.Tensor) -> torch.Tensor:
+    """``t`` dense and 16-byte aligned, as DeepGEMM's TMA descriptors need (a copy only when it is not:
+    a slice of a larger tensor may start anywhere)."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
 def mqa_logits(a):
     """fp8_fp4_mqa_logits ((q, None): FP8 q) where the build has it, else the legacy fp8_mqa_logits;
     both return a [T, S] view of a row-padded allocation, copied into the contiguous result. clean maps
@@ -46,8 +53,8 @@ def mqa_logits(a):
     T, S = a.q.shape[0], a.k.shape[0]
     if T == 0 or S == 0:
         return torch.empty(T, S, device=a.q.device) if a.out is None else a.out
-    kv = (a.k, a.k_scale)
-    weights, ks, ke = a.weights.contiguous(), a.ks.contiguous(), a.ke.contiguous()
+    kv = (a.k, _tma_ready(a.k_scale))
+    weights, ks, ke = _tma_ready(a.weights), a.ks.contiguous(), a.ke.contiguous()
     if hasattr(deep_gemm, "fp8_fp4_mqa_logits"):
         logits = deep_gemm.fp8_fp4_mqa_logits((a.q, None), kv, weights, ks, ke, a.clean)
     else:

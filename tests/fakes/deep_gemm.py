@@ -59,6 +59,7 @@ def _mqa_logits(q, kv, weights, ks, ke, clean_logits, max_seqlen_k):
     assert k.dtype == q.dtype and k.is_contiguous() and k.shape[1] == D
     assert k_sf.dtype == torch.float32 and k_sf.is_contiguous() and k_sf.shape == (k.shape[0],)
     assert weights.dtype == torch.float32 and weights.shape == (M, H) and weights.stride(1) == 1
+    assert all(t.data_ptr() % 16 == 0 for t in (q, k, k_sf, weights)), "TMA descriptors need 16-byte alignment"
     for t in (ks, ke):
         assert t.dtype == torch.int32 and t.is_contiguous() and t.shape == (M,)
     assert max_seqlen_k == 0, "the compressed-logits form is not adapted"
