@@ -15,6 +15,7 @@ import json
 import math
 import sys
 import time
+import timeit
 from dataclasses import asdict, dataclass
 
 import torch
@@ -433,7 +434,7 @@ def main(args) -> int:
         print(f"ceilings: copy {ceilings.copy_gbps:.0f} GB/s, bf16 {ceilings.bf16_tflops:.0f} TFLOP/s, "
               f"fp8 {ceilings.fp8_tflops:.0f} TFLOP/s")
     rows = bench(case_list, names, device, ceilings)
-    overhead = dispatch_overhead(device) if on_gpu else {}
+    overhead = dispatch_overhead(device) if on_gpu and args.overhead else {}
     for op, o in overhead.items():
         print(f"dispatch overhead {op:22s} added by dsv4ops {o['layer_us']:5.2f} us | with {o['backend']}: "
               f"dsv4ops {o['dsv4ops_us']:6.1f} us, prepared {o['prepared_us']:6.1f} us, direct {o['direct_us']:6.1f} us")
