@@ -43,8 +43,8 @@ def _mqa_logits_kernel(q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, 
     start = c0 + tl.maximum(tl.min(lo, axis=0) - c0, 0) // BLOCK_S * BLOCK_S
     end = tl.minimum(tl.max(hi, axis=0), c1)
     stop = tl.where(end > start, start + tl.cdiv(end - start, BLOCK_S) * BLOCK_S, start)
-    if CLEAN:
-        _fill_inf(out_ptr, t, live_t, S, c0, start, BLOCK_Q, BLOCK_S)
+    if CLEAN:                                            # the rest of [c0, c1), never past c1 (another program's)
+        _fill_inf(out_ptr, t, live_t, S, c0, tl.minimum(start, c1), BLOCK_Q, BLOCK_S)
         _fill_inf(out_ptr, t, live_t, S, tl.minimum(stop, c1), c1, BLOCK_Q, BLOCK_S)
     if stop > start:
         r = tl.arange(0, BLOCK_Q * H_PAD)
