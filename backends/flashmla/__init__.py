@@ -29,30 +29,33 @@ def topk_multiple(plat: Platform, call) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _runs_on(device_index: int) -> str | None:
-    """Run one tiny sparse decode: some builds (sgl-flash-mla 1.0.0) load on SM90 but raise there."""
-    from .decode import sparse_mla_decode
+def _runs_on(device_index: int, op: str) -> str | None:
+    """Run one tiny call of ``op`` (sparse_mla_decode or sparse_mla_prefill, which take the same
+    arguments): some builds (sgl-flash-mla 1.0.0) load on SM90 but raise there."""
+    import importlib
+
     from dsv4ops import formats
     from dsv4ops.ops import OPS
 
+    module = importlib.import_module(".decode" if op == "sparse_mla_decode" else ".prefill", __name__)
     dev = torch.device("cuda", device_index)
     try:
         with torch.cuda.device(dev):
             cache = formats.allocate_kv_cache(1, 64, "fp8_ds_mla", dev)
             idx = torch.arange(64, dtype=torch.int32, device=dev).view(1, 64)
-            sparse_mla_decode(OPS["sparse_mla_decode"].bind(
+            getattr(module, op)(OPS[op].bind(
                 torch.zeros(1, 64, 512, dtype=torch.bfloat16, device=dev), cache, idx,
                 layout=formats.LAYOUTS["fp8_ds_mla"], block_size=64, softmax_scale=1.0))
             torch.cuda.synchronize(dev)
     except Exception as exc:
-        return f"the installed flash_mla cannot decode on this GPU ({type(exc).__name__}: {str(exc)[:120]})"
+        return f"the installed flash_mla cannot run {op} on this GPU ({type(exc).__name__}: {str(exc)[:120]})"
     return None
 
 
 def build_runs_here(plat: Platform, call) -> str | None:
     if plat.simulated or call.device.type != "cuda":
         return None
-    return _runs_on(call.device.index if call.device.index is not None else torch.cuda.current_device())
+    return _runs_on(call.device.index if call.device.index is not None else torch.cuda.current_device(), call.op)
 
 
 def sparse_fwd_available(plat: Platform, call) -> str | None:
@@ -69,7 +72,8 @@ def sparse_fwd_available(plat: Platform, call) -> str | None:
 
 BACKEND.implements(
     "sparse_mla_prefill", "dsv4ops.backends.flashmla.prefill:sparse_mla_prefill",
-    supports=all_of(arch_in("sm90", "sm100", "sm103"), layout_in("fp8_ds_mla", "bf16"), sparse_fwd_available),
+    supports=all_of(arch_in("sm90", "sm100", "sm103"), layout_in("fp8_ds_mla", "bf16"), sparse_fwd_available,
+                    build_runs_here),
 )
 BACKEND.implements(
     "sparse_mla_decode", "dsv4ops.backends.flashmla.decode:sparse_mla_decode",
