@@ -288,3 +288,18 @@ def test_topk_expanded_row_starts(backend):
     want = dsv4ops.indexer_topk(**{**kw, "row_starts": torch.zeros(4, dtype=torch.int32)}, backend="reference")
     got = dsv4ops.indexer_topk(**kw, backend=backend)
     assert torch.equal(got.sort(1).values, want.sort(1).values)
+
+
+# --- launch limits ------------------------------------------------------------------------------
+
+def test_triton_declines_grids_cuda_cannot_launch():
+    kw = inputs.paged_mqa_logits("cpu", G(), B=2, next_n=1, context=32, H=4, block_size=16)
+    kw["max_context_len"] = 65536 * 128                      # sm90: 128 columns per program
+    with dsv4ops.simulate_platform("cuda", "sm90"):
+        decision = dsv4ops.explain("paged_mqa_logits", **kw)
+    status = next(c.status for c in decision.candidates if c.backend == "triton")
+    assert "CUDA allows 65535" in status
+    kw["max_context_len"] = 65535 * 128
+    with dsv4ops.simulate_platform("cuda", "sm90"):
+        decision = dsv4ops.explain("paged_mqa_logits", **kw)
+    assert "CUDA allows" not in next(c.status for c in decision.candidates if c.backend == "triton")

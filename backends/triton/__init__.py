@@ -5,6 +5,8 @@ from dsv4ops.backend_support import all_of, import_probe, triton_interpreter_ena
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
 
+from .tuning import tuning
+
 _import_triton = import_probe("triton", '"dsv4ops[triton]"')
 
 
@@ -55,7 +57,20 @@ BACKEND.implements("sparse_mla_prefill", f"{_P}.sparse_mla_prefill:sparse_mla_pr
                    supports=all_of(runs_here, fp8_flavour_matches))
 
 
-BACKEND.implements("paged_mqa_logits", f"{_P}.paged_mqa_logits:paged_mqa_logits", supports=runs_here)
+CUDA_GRID_YZ = 65535        # CUDA's limit on grid dimensions 1 and 2
+
+
+def logits_grid_fits(plat: Platform, call) -> str | None:
+    """paged_mqa_logits puts its blocks of result columns on grid dimension 1."""
+    blocks = -(-call.max_context_len // tuning(plat).logits_block_t)
+    if plat.vendor == "cuda" and blocks > CUDA_GRID_YZ:
+        return (f"max_context_len={call.max_context_len} needs {blocks} column blocks on grid dimension 1; "
+                f"CUDA allows {CUDA_GRID_YZ}")
+    return None
+
+
+BACKEND.implements("paged_mqa_logits", f"{_P}.paged_mqa_logits:paged_mqa_logits",
+                   supports=all_of(runs_here, logits_grid_fits))
 BACKEND.implements("fp8_einsum", f"{_P}.fp8_einsum:fp8_einsum", supports=runs_here)
 BACKEND.implements("indexer_topk", f"{_P}.indexer_topk:indexer_topk", supports=runs_here)
 BACKEND.implements("inv_rope_fp8_quant", f"{_P}.inv_rope_fp8_quant:inv_rope_fp8_quant", supports=runs_here)
