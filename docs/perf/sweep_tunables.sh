@@ -25,3 +25,10 @@ for c in 64,32,8,1 64,32,8,2 64,16,8,1 64,64,8,1 32,32,4,1; do
   IFS=, read -r h k w s <<< "$c"
   run sparse_mla_prefill prefill_block_h=$h,prefill_block_k=$k,prefill_warps=$w,prefill_stages=$s
 done
+# mqa_logits (production case T=4096, S=32768 causal): query rows x keys per dot x keys per program x warps x
+# stages. Compiled offline for sm90: 2,128,*,8,3 uses 221 registers (255 with clean) without spills; 2,128 at 4
+# warps and 4,64 at 8 warps spill.
+for c in 2,128,2048,8,3 2,128,2048,8,2 2,128,512,8,3 2,128,8192,8,3 2,64,2048,8,3 2,64,2048,4,3 1,128,2048,4,3; do
+  IFS=, read -r q s n w st <<< "$c"
+  run mqa_logits mqa_block_q=$q,mqa_block_s=$s,mqa_chunk_s=$n,mqa_warps=$w,mqa_stages=$st
+done
