@@ -3,13 +3,15 @@ pool instead of the paged caches (FlashMLA ``flash_mla_sparse_fwd``, AITER ``pa_
 the step vLLM performs with ``dequantize_and_gather_k_cache`` before calling them.
 
 Only the cache pages that some selected entry points into are dequantized, so the cost follows what
-the call reads, not the cache size; counting those pages is one host synchronization.
+the call reads, not the cache size; counting those pages is one host synchronization, so these
+implementations cannot be captured in a CUDA graph (they say so instead of failing the capture).
 """
 from __future__ import annotations
 
 import torch
 
 from . import formats
+from .errors import UnsupportedError
 
 
 def selected_mask(indices: torch.Tensor, lens: torch.Tensor | None) -> torch.Tensor:
@@ -45,6 +47,9 @@ def gather_workspace(a, align: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     entries, then the extra ones, as rows of the workspace, -1 for every entry the call does not
     select (-1, or past its length), padded with -1 to a multiple of ``align`` columns.
     """
+    if a.q.is_cuda and torch.cuda.is_current_stream_capturing():
+        raise UnsupportedError("the gathered workspace is sized on the host (one sync per call), which a CUDA "
+                               "graph capture cannot do; capture an implementation that reads the caches")
     segments = [(a.kv_cache, a.block_size, a.indices, a.topk_lens)]
     if a.extra_kv_cache is not None:
         segments.append((a.extra_kv_cache, a.extra_block_size, a.extra_indices, a.extra_topk_lens))
