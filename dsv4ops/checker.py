@@ -20,6 +20,7 @@ def describe(t) -> str:
 
 
 INT32_MAX = 2 ** 31 - 1
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)      # tensors whose data_ptr is a real address
 
 
 def byte_span(t: torch.Tensor) -> tuple[int, int] | None:
@@ -203,14 +204,14 @@ class Checker:
         (``others``: only those), except being exactly the same view as an argument in ``same_ok``
         (the in-place forms the contract allows). Run after the device checks (one device)."""
         t = getattr(a, name)
-        if not isinstance(t, torch.Tensor) or t.device.type == "meta":
-            return
+        if type(t) not in _PLAIN_TENSORS or t.device.type == "meta":
+            return                      # subclasses (FakeTensor under tracing, ...) have no real addresses
         if self_overlapping(t):
             self.fail(name, f"is written and must not overlap itself (an expanded view), got strides {t.stride()}")
         span = self._span(name, t)
         for other in (others if others is not None else a._fields):
             u = getattr(a, other)
-            if other == name or not isinstance(u, torch.Tensor) or not _intersect(span, self._span(other, u)):
+            if other == name or type(u) not in _PLAIN_TENSORS or not _intersect(span, self._span(other, u)):
                 continue
             if other in same_ok and same_view(t, u):
                 continue

@@ -129,6 +129,17 @@ def test_overlap_helpers():
     assert not self_overlapping(buf[:, ::2]) and self_overlapping(buf.as_strided((4, 4), (1, 1)))
 
 
+def test_overlap_not_judged_on_fake_tensors():
+    """Under tracing (FakeTensor) there are no addresses: the overlap check stands aside."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from dsv4ops.checker import Checker
+    from dsv4ops.ops import OPS
+    kw = inputs.fp8_einsum("cpu", G(), B=3, H=2, D=128, R=256, out=True)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        Checker("fp8_einsum").disjoint(OPS["fp8_einsum"].bind(**fake), "out")
+
+
 # --- aliasing ---------------------------------------------------------------------------------
 
 def _qnorm(**kw):
