@@ -49,15 +49,16 @@ class Tuning:
 _TABLE = {
     # docs/perf/H100.md (sweep_decode.sh, sweep_tunables.sh): decode 64 heads x 32 rows per step,
     # split only up to one wave (T=128 H=64: 124 -> 82 us); logits 128 tokens per program (62 -> 52 us
-    # at B=128, 8K). Top-k: rows of up to 32768 columns select in registers (the streamed histogram
-    # passes measured 144 us at 128 x 32768, k=512: docs/perf/H100.md); streamed blocks of 8192 on
-    # 16 warps for stage-2 candidate sets larger than that.
+    # at B=128, 8K). Top-k: pieces of up to 16384 columns select in registers, rows split down to
+    # 2048-column pieces when rows are few (H100-topk-sweep-tunables.txt: 128 x 32768 k=512 105 us,
+    # was 144 us streamed; 128 x 65536 207 us vs 504 us with 32768-column pieces; 4 x 8192 25 us);
+    # streamed blocks of 8192 on 16 warps for larger stage-2 candidate sets.
     # sparse_mla_prefill starts from the decode tiles (not yet swept: docs/perf/sweep_tunables.sh).
     ("cuda", "sm90"): Tuning(decode_block_h=64, decode_block_k=32, decode_warps=8, decode_waves=1,
                              prefill_block_h=64, prefill_block_k=32, prefill_warps=8, prefill_stages=1,
                              einsum_block_m=64, einsum_block_n=128, einsum_stages=4, logits_block_t=128,
                              mqa_block_q=2, mqa_block_s=128, mqa_chunk_s=2048, mqa_warps=8, mqa_stages=3,
-                             topk_block=8192, topk_warps=16),
+                             topk_block=8192, topk_warps=16, topk_resident=16384, topk_min_piece=2048),
     ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, prefill_block_h=16, prefill_block_k=16,
                           topk_block=64, topk_resident=128, topk_min_piece=32, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
                           einsum_block_m=16, einsum_block_n=128),
