@@ -38,15 +38,9 @@ def byte_span(t: torch.Tensor) -> tuple[int, int] | None:
     return t.data_ptr() + lo * item, t.data_ptr() + (hi + 1) * item
 
 
-def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two tensors' byte spans intersect on one device (conservative: interleaved views of
+def spans_intersect(sa, sb) -> bool:
+    """Whether two ``byte_span`` results share a byte (conservative for tensors: interleaved views of
     disjoint elements, such as the even and odd columns of one buffer, count as overlapping)."""
-    if a.device != b.device or a.device.type == "meta":
-        return False
-    return _intersect(byte_span(a), byte_span(b))
-
-
-def _intersect(sa, sb) -> bool:
     return sa is not None and sb is not None and sa[0] < sb[1] and sb[0] < sa[1]
 
 
@@ -81,6 +75,7 @@ class Checker:
         self.op = op
         self.device: torch.device | None = None
         self.debug = debug_enabled()
+        self._spans: dict[str, tuple[int, int] | None] = {}      # byte spans of arguments (disjoint)
 
     def fail(self, arg: str, message: str):
         raise InputError(f"{self.op}: argument '{arg}' {message}")
@@ -211,7 +206,7 @@ class Checker:
         span = self._span(name, t)
         for other in (others if others is not None else a._fields):
             u = getattr(a, other)
-            if other == name or type(u) not in _PLAIN_TENSORS or not _intersect(span, self._span(other, u)):
+            if other == name or type(u) not in _PLAIN_TENSORS or not spans_intersect(span, self._span(other, u)):
                 continue
             if other in same_ok and same_view(t, u):
                 continue
@@ -220,10 +215,9 @@ class Checker:
 
     def _span(self, name: str, t: torch.Tensor):
         """``byte_span`` of argument ``name``, computed once per call."""
-        spans = self.__dict__.setdefault("_spans", {})
-        if name not in spans:
-            spans[name] = byte_span(t)
-        return spans[name]
+        if name not in self._spans:
+            self._spans[name] = byte_span(t)
+        return self._spans[name]
 
     def out_buffer(self, t, *, dtype, shape: tuple[int, ...]):
         if t is None:
