@@ -75,6 +75,19 @@ def topk_ignoring_lengths(**kw):
                                 row_ends=torch.full((R,), W, dtype=torch.int32))
 
 
+def _as_contiguous_strides(t):
+    """What a kernel that assumes contiguous rows reads for ``t``: its storage from ``t``'s offset."""
+    return t.as_strided(t.shape, torch.empty(t.shape).stride())
+
+
+def logits_ignoring_table_strides(**kw):
+    return _ref("paged_mqa_logits")(**{**kw, "block_table": _as_contiguous_strides(kw["block_table"])})
+
+
+def einsum_ignoring_scale_strides(**kw):
+    return _ref("fp8_einsum")(**{**kw, "a_scale": _as_contiguous_strides(kw["a_scale"])})
+
+
 def inv_rope_rotating_forward(**kw):
     cs = kw["cos_sin_cache"]
     return _ref("inv_rope_fp8_quant")(**{**kw, "cos_sin_cache": torch.cat([cs[:, :32], -cs[:, 32:]], dim=1)})
@@ -126,6 +139,9 @@ BROKEN = [
     ("fp8_einsum", einsum_ignoring_a_scale, dict(B=3, H=2, D=128, R=256)),
     ("sparse_mla_decode", decode_leaving_out_unwritten, dict(T=2, H=4, topk=32, layout="bf16", out=True)),
     ("indexer_topk", topk_ignoring_lengths, dict(R=4, W=100, k=8, mode="decode1d", next_n=2)),
+    ("paged_mqa_logits", logits_ignoring_table_strides, dict(B=3, next_n=2, context=40, H=4, block_size=16,
+                                                            strided="block_table:sliced")),
+    ("fp8_einsum", einsum_ignoring_scale_strides, dict(B=5, H=2, D=128, R=256, strided="a_scale:transposed")),
     ("mqa_logits", mqa_logits_compressed_columns, dict(T=6, S=40, H=4, ranges="requests")),
     ("mqa_logits", mqa_logits_ignoring_k_scale, dict(T=6, S=40, H=4, ranges="random", topk=8)),
     ("inv_rope_fp8_quant", inv_rope_rotating_forward, dict(T=3, H=8, n_groups=2)),
