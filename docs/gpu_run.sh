@@ -3,7 +3,8 @@
 # some, to split the work over two calls: check (full conformance tier), bench (production shapes),
 # overhead (dispatch overhead), tune (selection table, then the example step with it), pytest
 # (GPU-only tests: int64 addressing, CUDA graphs, example pipeline, torch ops, prepared calls; vendor API drift),
-# example (decode step timing per backend setting), sweep (Triton decode tunables).
+# example (decode step timing per backend setting), sweep (Triton decode tunables). CHECK_OPS=a,b
+# limits the check stage to those ops.
 # .whl/ holds the vendor wheels (fetched where there is network with `python3 -m pip download --no-deps
 # --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl
 # tokenspeed-flashmla==1.0.0.post20260615 tokenspeed-deepgemm==2.5.0.post20260604`). From the repo root:
@@ -14,9 +15,11 @@ stages=" ${STAGES:-check bench overhead tune pytest example} "
 has() { [[ "$stages" == *" $1 "* ]]; }
 source "$repo/docs/gpu_install.sh"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -m dsv4ops.cli info; } 2>&1 | tee "$out/info.txt"
-has check && python3 -m dsv4ops.cli check --tier full --backends triton,flashmla,deepgemm \
-  --json "$out/conformance_full.json" 2>&1 | tee "$out/conformance_full.txt"
+tag=${CHECK_OPS:+-${CHECK_OPS//,/-}}                 # CHECK_OPS=a,b: only those ops (a run split over calls)
+has check && python3 -m dsv4ops.cli check --tier full --backends triton,flashmla,deepgemm ${CHECK_OPS:+--ops $CHECK_OPS} \
+  --json "$out/conformance_full$tag.json" 2>&1 | tee "$out/conformance_full$tag.txt"
 has bench && python3 -m dsv4ops.cli bench --json "$out/bench.json" 2>&1 | tee "$out/bench.txt"
+has bench && python3 -m dsv4ops.cli bench --shapes sweep --json "$out/bench-sweep.json" 2>&1 | tee "$out/bench-sweep.txt"
 if has overhead; then
   for i in 1 2; do python3 -m dsv4ops.cli bench --overhead --json "$out/overhead$i.json" 2>&1 | tee -a "$out/overhead.txt"; done
 fi
