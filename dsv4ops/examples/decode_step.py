@@ -1,7 +1,7 @@
 """One DeepSeek-V4 C4 attention layer decode step, built only from dsv4ops calls:
 
     qnorm_rope_kv_insert -> paged_mqa_logits -> indexer_topk -> formats.to_global_indices
-    -> sparse_mla_decode (SWA + C4 compressed cache) -> inverse RoPE + FP8 quantize -> fp8_einsum
+    -> sparse_mla_decode (SWA + C4 compressed cache) -> inv_rope_fp8_quant -> fp8_einsum
 
 Random weights and caches; one token per request (next_n = 1). ``run_step`` runs the pipeline under
 a ``DSV4OPS_BACKEND`` setting; ``main`` checks every setting against the all-reference pipeline
@@ -12,21 +12,21 @@ and (on a GPU) times the whole step:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 
 import dsv4ops
-from dsv4ops import formats, settings
+from dsv4ops import formats
 from dsv4ops.conformance.compare import calc_diff
 from dsv4ops.conformance.inputs import cos_sin_cache
 from dsv4ops.platform import default_device
-from dsv4ops.quant import to_fp8, ue8m0_scale
+from dsv4ops.quant import to_fp8
 
-WINDOW, SWA_BLOCK, C4_BLOCK, RATIO, HEADS_PER_GROUP = 128, 64, 64, 4, 8
+from .common import HEADS_PER_GROUP, SWA_BLOCK, backend_setting, o_proj_weights, time_us, window_indices
+
+C4_BLOCK, RATIO = 64, 4
 
 
 @dataclass
@@ -65,11 +65,7 @@ def make_layer(T=4, H=64, context=2048, index_topk=512, o_rank=1024, device="cpu
     swa_rows = torch.randn(T * swa_pages * SWA_BLOCK, 512, generator=g) * 0.3
     c4_rows = torch.randn(T * c4_pages * C4_BLOCK, 512, generator=g) * 0.3
     keys = torch.randn(T * c4_pages, C4_BLOCK, 128, generator=g)
-    G = H // HEADS_PER_GROUP
-    w = torch.randn(G, o_rank, HEADS_PER_GROUP * 512, generator=g) * 0.02
-    blocks = w.view(G, o_rank // 128, 128, -1, 128)
-    w_scale = ue8m0_scale(blocks.abs().amax(dim=(2, 4)).clamp_min(1e-4))[0]
-    w8 = to_fp8(blocks / w_scale[:, :, None, :, None]).view(G, o_rank, -1)
+    w8, w_scale = o_proj_weights(H // HEADS_PER_GROUP, o_rank, g)
     layer = Layer(
         q=(torch.randn(T, H, 512, generator=g) * 2).to(torch.bfloat16),
         kv=(torch.randn(T, 512, generator=g) * 0.3).to(torch.bfloat16),
@@ -86,50 +82,6 @@ def make_layer(T=4, H=64, context=2048, index_topk=512, o_rank=1024, device="cpu
     return layer
 
 
-def swa_indices(layer: Layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """This token's slot, and its window [max(p - 127, 0), p] as cache indices + lengths (vLLM's rule)."""
-    p = layer.positions
-    start = (p - (WINDOW - 1)).clamp_min(0)
-    j = torch.arange(WINDOW, device=p.device)
-    tok = start[:, None] + j[None, :]
-    valid = tok <= p[:, None]
-    pages = torch.gather(layer.swa_table.long(), 1, (tok // SWA_BLOCK).clamp(max=layer.swa_table.shape[1] - 1))
-    idx = torch.where(valid, pages * SWA_BLOCK + tok % SWA_BLOCK, -1).to(torch.int32)
-    slot = layer.swa_table.long().gather(1, (p // SWA_BLOCK)[:, None])[:, 0] * SWA_BLOCK + p % SWA_BLOCK
-    return slot, idx, valid.sum(1, dtype=torch.int32)
-
-
-def inverse_rope_quant(o: torch.Tensor, layer: Layer) -> tuple[torch.Tensor, torch.Tensor]:
-    """Spec §4: undo RoPE on dims 448..511, group 8 heads, quantize 1x128 blocks (eps 1e-10)."""
-    T, H, _ = o.shape
-    cs = layer.cos_sin[layer.positions]
-    c, s = cs[:, None, :32], cs[:, None, 32:]
-    x = o.float()
-    e, od = x[..., 448::2], x[..., 449::2]
-    rot = torch.stack([e * c + od * s, od * c - e * s], dim=-1).flatten(-2)
-    x = torch.cat([x[..., :448], rot], dim=-1).view(T, H // HEADS_PER_GROUP, -1)
-    blocks = x.view(T, x.shape[1], -1, 128)
-    scale = ue8m0_scale(blocks.abs().amax(-1).clamp_min(1e-10))[0]
-    return to_fp8(blocks / scale[..., None]).view_as(x), scale
-
-
-@contextlib.contextmanager
-def backend_setting(setting: str):
-    """``"auto"`` clears DSV4OPS_BACKEND; anything else is used as its value (the settings are
-    re-read on entry and exit: dsv4ops reads the environment once, not per call)."""
-    old = os.environ.pop("DSV4OPS_BACKEND", None)
-    if setting != "auto":
-        os.environ["DSV4OPS_BACKEND"] = setting
-    settings.reload()
-    try:
-        yield
-    finally:
-        os.environ.pop("DSV4OPS_BACKEND", None)
-        if old is not None:
-            os.environ["DSV4OPS_BACKEND"] = old
-        settings.reload()
-
-
 def run_step(layer: Layer, setting: str = "auto", fresh_cache: bool = True) -> dict[str, torch.Tensor]:
     """The decode step. The token's KV goes into a copy of the SWA cache (``fresh_cache``, so that
     pipelines compared on one layer read the same bytes) or into the layer's cache itself (timing:
@@ -137,7 +89,7 @@ def run_step(layer: Layer, setting: str = "auto", fresh_cache: bool = True) -> d
     T = layer.q.shape[0]
     swa_cache = layer.swa_cache.clone() if fresh_cache else layer.swa_cache
     with backend_setting(setting):
-        slot, swa_idx, swa_lens = swa_indices(layer)
+        slot, swa_idx, swa_lens = window_indices(layer.positions, layer.swa_table)
         q = dsv4ops.qnorm_rope_kv_insert(layer.q.clone(), layer.kv, layer.positions, layer.cos_sin, swa_cache, slot,
                                          layout="fp8_ds_mla", block_size=SWA_BLOCK)
         ctx = ((layer.positions + 1) // RATIO).to(torch.int32)[:, None]      # compressed entries visible
@@ -150,7 +102,7 @@ def run_step(layer: Layer, setting: str = "auto", fresh_cache: bool = True) -> d
                                            softmax_scale=512 ** -0.5, attn_sink=layer.attn_sink,
                                            extra_kv_cache=layer.c4_cache, extra_indices=c4_idx,
                                            extra_topk_lens=c4_lens, extra_block_size=C4_BLOCK, need_lse=False)
-        a, a_scale = inverse_rope_quant(out, layer)
+        a, a_scale = dsv4ops.inv_rope_fp8_quant(out, layer.positions, layer.cos_sin, n_groups=layer.wo_a.shape[0])
         z = dsv4ops.fp8_einsum("bhr,hdr->bhd", a, a_scale, layer.wo_a, layer.wo_a_scale)
     return dict(q=q, logits=logits, topk=local, attn=out, z=z)
 
@@ -168,20 +120,8 @@ def compare_to_reference(layer: Layer, setting: str) -> dict[str, float]:
 
 
 def time_step(layer: Layer, setting: str) -> str:
-    """Median µs of the step run eagerly (host overhead included) and as a replayed CUDA graph
-    (the reference is not capturable: it indexes with boolean masks, which synchronise)."""
-    import triton.testing
-
-    step = lambda: run_step(layer, setting, fresh_cache=False)
-    eager = triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median")
-    if setting == "reference":
-        return f"eager {eager * 1000:.1f} us"
-    step()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    replay = triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median")
-    return f"eager {eager * 1000:.1f} us  graph replay {replay * 1000:.1f} us"
+    """The step's median time, eagerly and (not for the reference) as a replayed CUDA graph."""
+    return time_us(lambda: run_step(layer, setting, fresh_cache=False), graph=setting != "reference")
 
 
 def main(argv=None) -> int:
