@@ -3,7 +3,7 @@
 # some, to split the work over two calls: check (full conformance tier), bench (production shapes),
 # overhead (dispatch overhead), tune (selection table, then the example step with it), pytest
 # (GPU-only tests: int64 addressing, CUDA graphs, example pipeline, torch ops, prepared calls; vendor API drift),
-# example (decode step timing per backend setting), sweep (Triton decode tunables). CHECK_OPS=a,b
+# example (decode step and whole-layer prefill + decode timing per backend setting), sweep (Triton decode tunables). CHECK_OPS=a,b
 # limits the check stage to those ops.
 # .whl/ holds the vendor wheels (fetched where there is network with `python3 -m pip download --no-deps
 # --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl
@@ -37,5 +37,8 @@ has pytest && python3 -m pytest -q -rs -p no:cacheprovider "$repo/tests/test_ven
   "$repo/tests/test_vendor_deepselect.py" -k installed 2>&1 | tail -25 | tee "$out/drift_gpu.txt"
 has example && $step auto triton "sparse_mla_decode=flashmla,paged_mqa_logits=deepgemm,fp8_einsum=deepgemm,*=triton" \
   reference 2>&1 | tee "$out/example.txt"
+has example && python3 -m dsv4ops.examples.layer --device cuda --time --settings auto triton \
+  "sparse_mla_decode=flashmla,sparse_mla_prefill=flashmla,paged_mqa_logits=deepgemm,mqa_logits=deepgemm,fp8_einsum=deepgemm,*=triton" \
+  2>&1 | tee "$out/layer.txt"
 has sweep && bash "$repo/docs/perf/sweep_decode.sh" "$out/sweep_decode.txt"
 exit 0

@@ -2,8 +2,10 @@
 from dataclasses import replace
 
 import pytest
+import torch
 
 import dsv4ops
+from dsv4ops import formats
 from dsv4ops.examples import layer as layer_example
 from dsv4ops.examples.decode_step import compare_to_reference, make_layer
 from dsv4ops.platform import default_device
@@ -40,10 +42,63 @@ def test_layer_matches_reference_pipeline(ratio, setting):
         report = layer_example.compare(layer, setting)
     except dsv4ops.UnsupportedError as exc:               # e.g. triton on CPU without the interpreter
         pytest.skip(str(exc))
-    assert report["ok"], "\n".join(layer_example.format_report(layer, setting, report))
+    assert report["ok"], "\n".join(layer_example.format_report(layer, report))
     assert {kind for kind in report["phases"]} == {"prefill", "decode"}
     stages = {op for _, op in report["stages"]}
     assert {"qnorm_rope_kv_insert", "compress_kv_insert", "sparse_mla_prefill", "sparse_mla_decode",
             "inv_rope_fp8_quant", "fp8_einsum"} <= stages
     if ratio == 4:
         assert {"mqa_logits", "paged_mqa_logits", "indexer_topk"} <= stages
+
+
+def test_layer_engine_side_metadata_matches_the_model():
+    """What the example computes outside dsv4ops, checked on the reference run: the compressed
+    entries (both compressors, over chunks and decode steps) equal the model's whole-sequence
+    formulation; the keys gathered for mqa_logits give paged_mqa_logits' scores over the cache;
+    the SWA and C128 lists hold exactly the slots of the window and of the entries so far."""
+    from test_compress_semantics import model_entries
+
+    for ratio in (4, 128):
+        layer = layer_example.make_layer(ratio, LAYER_SIZES[ratio])
+        outputs, caches, _ = layer_example.run_layer(layer, "reference")
+        steps, tables = layer.steps, layer.tables
+        acts = [layer_example.activations(layer, step) for step in steps]
+        for r, length in enumerate(layer.sizes.prompts):
+            rows = lambda name: torch.cat([getattr(x, name)[s.token_to_req == r] for s, x in zip(steps, acts)])
+            n = (length + layer.sizes.decode_steps) // ratio
+            entries = torch.arange(n)
+            slots = layer_example._slots(tables["comp"], torch.full_like(entries, r), entries, layer.comp_block)
+            want = model_entries(rows("comp_kv"), rows("comp_score"), layer.compressor["ape"],
+                                 layer.compressor["norm_weight"], 1e-6, ratio, layer.cos_sin)
+            got = formats.read_kv(caches["comp"], "fp8_ds_mla", layer.comp_block, slots)
+            expect = formats.allocate_kv_cache(max(1, -(-n // 64)), 64, "fp8_ds_mla")
+            formats.write_kv(expect, "fp8_ds_mla", 64, entries, want)
+            torch.testing.assert_close(got, formats.read_kv(expect, "fp8_ds_mla", 64, entries), rtol=2 ** -3, atol=1e-6)
+            if ratio == 4:
+                want = model_entries(rows("index_kv"), rows("index_score"), layer.indexer["ape"],
+                                     layer.indexer["norm_weight"], 1e-6, 4, layer.cos_sin)
+                keys = formats.unpack_index_keys(caches["index"])
+                index = layer_example._slots(tables["index"], torch.full_like(entries, r), entries, 64)
+                packed = formats.unpack_index_keys(formats.pack_index_keys(want[None], "ue8m0"))[0]
+                torch.testing.assert_close(keys[index // 64, index % 64], packed, rtol=2 ** -3, atol=1e-6)
+        for step, m, x in zip(steps, layer.meta, acts):
+            p, req = step.positions, step.token_to_req.long()
+            for t in range(len(p)):
+                window = torch.arange(max(0, int(p[t]) - layer.sizes.window + 1), int(p[t]) + 1)
+                want = layer_example._slots(tables["swa"], req[t].expand(len(window)), window, 64)
+                assert m.swa_idx[t, : m.swa_lens[t]].tolist() == want.tolist()
+                if ratio == 128:
+                    e = torch.arange(int(p[t] + 1) // 128)
+                    want = layer_example._slots(tables["comp"], req[t].expand(len(e)), e, 2)
+                    assert m.extra_idx[t, : m.extra_lens[t]].tolist() == want.tolist()
+            if ratio == 4 and step.kind == "prefill":
+                values, scales = formats.index_key_views(caches["index"])
+                keys = values.view(torch.uint8)[m.key_page, m.key_offset].view(values.dtype)
+                gathered = dsv4ops.mqa_logits(x.index_q, keys, scales[m.key_page, m.key_offset], x.index_weights,
+                                              m.ks, m.ke, backend="reference")
+                n = (m.ke - m.ks)[:, None]
+                paged = dsv4ops.paged_mqa_logits(x.index_q[:, None], caches["index"], x.index_weights, n,
+                                                  tables["index"][req], tables["index"].shape[1] * 64,
+                                                  backend="reference")
+                for t in range(len(p)):
+                    torch.testing.assert_close(gathered[t, m.ks[t]:m.ke[t]], paged[t, : n[t, 0]])

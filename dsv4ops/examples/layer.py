@@ -362,7 +362,8 @@ def time_layer(layer: Layer, setting: str) -> list[str]:
     return lines
 
 
-def format_report(layer: Layer, setting: str, report: dict) -> list[str]:
+def format_report(layer: Layer, report: dict) -> list[str]:
+    """Report lines: one per (stage, op) with the rule's verdict, the comparison per phase, the caches."""
     lines = [f"  {layer.name} {'stage':22s} {'op':22s} {'backend':12s} calls  worst/bound"]
     for (stage, _), s in report["stages"].items():
         verdict = "ok" if not s["failure"] and s["worst"] <= 1 else f"FAIL: {s['failure']}"
@@ -406,11 +407,11 @@ def main(argv=None) -> int:
         for layer in layers:
             try:
                 report = compare(layer, setting)
-                lines = format_report(layer, setting, report)
+                lines = format_report(layer, report)
                 failed |= not report["ok"]
                 if args.time:
                     lines += time_layer(layer, setting)
-            except dsv4ops.Dsv4opsError as exc:
+            except Exception as exc:            # report it and go on with the next layer / setting
                 lines, failed = [f"  {layer.name} error: {type(exc).__name__}: {exc}"], True
             print("\n".join(lines), flush=True)
     return 1 if failed else 0
