@@ -21,6 +21,23 @@ def gather_selected(cache, layout, block_size, indices, lens, kv_scale):
 
 
 def sparse_mla_decode(a):
+    o, lse = _attend(a, magnitude=False)
+    result = o.to(torch.bfloat16).contiguous()
+    if a.out is not None:
+        result = a.out.copy_(result)
+    return result, lse if a.need_lse else None
+
+
+def output_magnitude(a) -> torch.Tensor:
+    """fp32 [T, H, 512]: the output computed with every value's magnitude, sum_k p_k |v_k| (sink
+    included). Rounding the probabilities or the values to bf16, as the kernels do before their
+    P @ V product, moves an output by up to about 2^-8 of it (the conformance rule's extra bound
+    where the output itself is small through cancellation)."""
+    return _attend(a, magnitude=True)[0]
+
+
+def _attend(a, magnitude: bool):
+    """fp32 output [T, H, 512] and lse [T, H] (+inf for lonely tokens)."""
     keys, valid = gather_selected(a.kv_cache, a.layout, a.block_size, a.indices, a.topk_lens, a.kv_scale)
     if a.extra_kv_cache is not None:
         extra_keys, extra_valid = gather_selected(a.extra_kv_cache, a.layout, a.extra_block_size, a.extra_indices,
@@ -35,12 +52,8 @@ def sparse_mla_decode(a):
     lse = torch.logsumexp(scores, dim=-1)                                  # [T, H]; -inf when empty
     lonely = lse == float("-inf")
     probs = torch.exp(scores - torch.where(lonely, 0.0, lse)[..., None])
-    o = torch.einsum("thk,tkd->thd", probs, keys)
+    o = torch.einsum("thk,tkd->thd", probs, keys.abs() if magnitude else keys)
     if a.attn_sink is not None:                                              # lse excludes the sink
         o = o * torch.sigmoid(lse - a.attn_sink.to(torch.float32)[None, :])[..., None]
     o = torch.where(lonely[..., None], 0.0, o)
-    lse = torch.where(lonely, float("inf"), lse)
-    result = o.to(torch.bfloat16).contiguous()
-    if a.out is not None:
-        result = a.out.copy_(result)
-    return result, lse if a.need_lse else None
+    return o, torch.where(lonely, float("inf"), lse)
