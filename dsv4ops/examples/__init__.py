@@ -1,1 +1,2 @@
-"""Worked examples built only from dsv4ops calls (``python -m dsv4ops.examples.decode_step``)."""
+"""Worked examples built only from dsv4ops calls (``python -m dsv4ops.examples.decode_step``,
+``python -m dsv4ops.examples.layer``)."""

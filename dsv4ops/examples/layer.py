@@ -296,12 +296,20 @@ def run_layer(layer: Layer, setting: str, judge: bool = False):
 
 
 def _overlap(got: torch.Tensor, ref: torch.Tensor) -> float:
-    """Smallest per-row share of the reference's selected set that ``got`` selected too."""
-    shares = []
-    for r, g in zip(ref.tolist(), got.tolist()):
-        rs, gs = {x for x in r if x >= 0}, {x for x in g if x >= 0}
-        shares.append(len(rs & gs) / len(rs) if rs else float(not gs))
-    return min(shares, default=1.0)
+    """Smallest per-row share of the reference's selected set that ``got`` selected too (rows the
+    reference leaves empty count 1 when ``got`` is empty too)."""
+    if ref.numel() == 0:
+        return 1.0
+    width = int(max(got.max(), ref.max())) + 2           # column width - 1 collects the -1 entries
+
+    def chosen(idx):
+        marks = torch.zeros(idx.shape[0], width, dtype=torch.bool, device=idx.device)
+        return marks.scatter_(1, torch.where(idx >= 0, idx, width - 1).long(), True)[:, :-1]
+
+    g, r = chosen(got), chosen(ref)
+    n = r.sum(1)
+    share = torch.where(n > 0, (g & r).sum(1) / n.clamp_min(1), (~g.any(1)).float())
+    return float(share.min())
 
 
 def _written_rows(layer: Layer, caches: dict) -> dict[str, torch.Tensor]:
