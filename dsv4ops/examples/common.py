@@ -54,17 +54,20 @@ def o_proj_weights(groups: int, o_rank: int, g: torch.Generator) -> tuple[torch.
     return to_fp8(blocks / scale[:, :, None, :, None]).view(groups, o_rank, -1), scale
 
 
-def time_us(step, graph: bool) -> str:
+def time_us(step, graph: bool) -> tuple[float, float | None]:
     """Median µs of ``step`` run eagerly (host overhead included) and, with ``graph``, as a replayed
-    CUDA graph (the step must not synchronise: the reference does, with its boolean masks)."""
+    CUDA graph (else None; the step must not synchronise: the reference does, with its boolean masks)."""
     import triton.testing
 
-    eager = triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median")
+    eager = triton.testing.do_bench(step, warmup=25, rep=200, return_mode="median") * 1000
     if not graph:
-        return f"eager {eager * 1000:.1f} us"
+        return eager, None
     step()
     cuda_graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(cuda_graph):
         step()
-    replay = triton.testing.do_bench(cuda_graph.replay, warmup=25, rep=200, return_mode="median")
-    return f"eager {eager * 1000:.1f} us  graph replay {replay * 1000:.1f} us"
+    return eager, triton.testing.do_bench(cuda_graph.replay, warmup=25, rep=200, return_mode="median") * 1000
+
+
+def describe_times(eager: float, replay: float | None) -> str:
+    return f"eager {eager:.1f} us" + ("" if replay is None else f"  graph replay {replay:.1f} us")

@@ -24,7 +24,8 @@ from dsv4ops.conformance.inputs import cos_sin_cache
 from dsv4ops.platform import default_device
 from dsv4ops.quant import to_fp8
 
-from .common import HEADS_PER_GROUP, SWA_BLOCK, backend_setting, o_proj_weights, time_us, window_indices
+from .common import (HEADS_PER_GROUP, SWA_BLOCK, backend_setting, describe_times, o_proj_weights, time_us,
+                     window_indices)
 
 C4_BLOCK, RATIO = 64, 4
 
@@ -121,7 +122,7 @@ def compare_to_reference(layer: Layer, setting: str) -> dict[str, float]:
 
 def time_step(layer: Layer, setting: str) -> str:
     """The step's median time, eagerly and (not for the reference) as a replayed CUDA graph."""
-    return time_us(lambda: run_step(layer, setting, fresh_cache=False), graph=setting != "reference")
+    return describe_times(*time_us(lambda: run_step(layer, setting, fresh_cache=False), graph=setting != "reference"))
 
 
 def main(argv=None) -> int:

@@ -33,7 +33,8 @@ from dsv4ops.ops.compress_kv_insert import overlap
 from dsv4ops.platform import default_device
 from dsv4ops.quant import to_fp8
 
-from .common import HEADS_PER_GROUP, SWA_BLOCK, WINDOW, backend_setting, o_proj_weights, time_us, window_indices
+from .common import (HEADS_PER_GROUP, SWA_BLOCK, WINDOW, backend_setting, describe_times, o_proj_weights, time_us,
+                     window_indices)
 
 INDEX_BLOCK, STATE_BLOCK = 64, 32          # indexer key page, compressor state page
 SOFTMAX_SCALE = 512 ** -0.5
@@ -353,20 +354,31 @@ def compare(layer: Layer, setting: str) -> dict:
 
 def time_layer(layer: Layer, setting: str) -> list[str]:
     """One line per step: its median time under ``setting``, eagerly, and for decode steps (not
-    the reference's) also as a replayed CUDA graph. Each step runs once before it is timed (the
-    steps build on each other's caches); running it again rewrites the same bytes."""
+    the reference's) also as a replayed CUDA graph; then the totals. Each step runs once before it
+    is timed (the steps build on each other's caches); running it again rewrites the same bytes."""
     caches = {name: cache.clone() for name, cache in layer.caches.items()}
-    op, lines = Runner(judge=False), []
+    op, lines, totals = Runner(judge=False), [], {}
     with backend_setting(setting):
         for step in layer.steps:
             x = activations(layer, step)
             fn = lambda: run_step(layer, step, x, caches, op)
             fn()
+            note = ""
             try:
-                timing = time_us(fn, graph=step.kind == "decode" and setting != "reference")
+                eager, replay = time_us(fn, graph=step.kind == "decode" and setting != "reference")
             except Exception as exc:            # e.g. an op that synchronises cannot be captured
-                timing = f"{time_us(fn, graph=False)}  (graph capture failed: {type(exc).__name__}: {exc})"
-            lines.append(f"  {layer.name} {step.kind:7s} step {step.number:2d} T={step.positions.shape[0]:5d}  {timing}")
+                (eager, replay), note = time_us(fn, graph=False), f"  (graph capture failed: {type(exc).__name__}: {exc})"
+            T = step.positions.shape[0]
+            lines.append(f"  {layer.name} {step.kind:7s} step {step.number:2d} T={T:5d}  {describe_times(eager, replay)}{note}")
+            total = totals.setdefault(step.kind, [0, 0, 0.0, 0.0])
+            total[0] += 1
+            total[1] += T
+            total[2] += eager
+            total[3] += replay if replay is not None else math.nan
+    for kind, (n, tokens, eager, replay) in totals.items():
+        graph = "" if math.isnan(replay) else f", graph replay {replay / n:.1f} us"
+        lines.append(f"  {layer.name} {kind} total: {n} steps, {tokens} tokens, eager {eager:.1f} us "
+                     f"({eager / n:.1f} us per step{graph})")
     return lines
 
 
