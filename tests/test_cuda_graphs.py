@@ -38,7 +38,8 @@ def test_captured_decode_step_replays(setting):
 def test_captured_layer_decode_step_replays(ratio, setting):
     """The layer example's decode step (compressor and inv_rope_fp8_quant included) after a prefill:
     captured once, replayed on new projection outputs, equal to an eager run on them."""
-    sizes = replace(layer_example.TINY, prompts=(300, 131), chunk=256, heads=64, index_heads=64, index_topk=64)
+    sizes = replace(layer_example.TINY, prompts=(300, 131), chunk=256, heads=64, index_heads=64, index_topk=64,
+                    window=128, c128_align=128)              # V4's list widths: the vendor kernels take them
     layer = layer_example.make_layer(ratio, sizes, "cuda")
     caches = {name: cache.clone() for name, cache in layer.caches.items()}
     op = layer_example.Runner(judge=False)

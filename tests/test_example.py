@@ -27,8 +27,16 @@ def test_decode_step_matches_reference_pipeline(setting):
 # The layer example (dsv4ops.examples.layer) at CPU sizes: C4 prompts of 45 and 37 tokens in chunks of
 # 30 (windows straddle the chunks; the top-k drops entries), C128 prompts of 128 and 9 (an entry
 # completed at the end of the prefill and read by the decode steps); two decode steps each.
-LAYER_SIZES = {4: replace(layer_example.TINY, prompts=(45, 37), chunk=30),
-               128: replace(layer_example.TINY, prompts=(128, 9), chunk=100)}
+# On a GPU: longer prompts (C4 with more entries than the top-k keeps; C128 entries completed in the
+# prefill and by a decode step) and V4's widths (window 128, C128 lists of 128, 64 heads and indexer
+# heads), which the vendor kernels require, so that "auto" runs them.
+CPU_LAYER_SIZES = {4: replace(layer_example.TINY, prompts=(45, 37), chunk=30),
+                   128: replace(layer_example.TINY, prompts=(128, 9), chunk=100)}
+LAYER_SIZES = CPU_LAYER_SIZES
+if default_device().type == "cuda":
+    LAYER_SIZES = {r: replace(CPU_LAYER_SIZES[r], prompts=prompts, chunk=256, window=128, c128_align=128, heads=64,
+                              index_heads=64, index_topk=64)
+                   for r, prompts in ((4, (700, 301)), (128, (600, 255)))}
 _LAYERS = {}
 
 
@@ -59,7 +67,7 @@ def test_layer_engine_side_metadata_matches_the_model():
     from test_compress_semantics import model_entries
 
     for ratio in (4, 128):
-        layer = layer_example.make_layer(ratio, LAYER_SIZES[ratio])
+        layer = layer_example.make_layer(ratio, CPU_LAYER_SIZES[ratio])
         outputs, caches, _ = layer_example.run_layer(layer, "reference")
         steps, tables = layer.steps, layer.tables
         acts = [layer_example.activations(layer, step) for step in steps]
