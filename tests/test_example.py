@@ -75,7 +75,7 @@ def test_layer_engine_side_metadata_matches_the_model():
             rows = lambda name: torch.cat([getattr(x, name)[s.token_to_req == r] for s, x in zip(steps, acts)])
             n = (length + layer.sizes.decode_steps) // ratio
             entries = torch.arange(n)
-            slots = layer_example._slots(tables["comp"], torch.full_like(entries, r), entries, layer.comp_block)
+            slots = layer_example.entry_slots(tables["comp"], torch.full_like(entries, r), entries, layer.comp_block)
             want = model_entries(rows("comp_kv"), rows("comp_score"), layer.compressor["ape"],
                                  layer.compressor["norm_weight"], 1e-6, ratio, layer.cos_sin)
             got = formats.read_kv(caches["comp"], "fp8_ds_mla", layer.comp_block, slots)
@@ -86,18 +86,18 @@ def test_layer_engine_side_metadata_matches_the_model():
                 want = model_entries(rows("index_kv"), rows("index_score"), layer.indexer["ape"],
                                      layer.indexer["norm_weight"], 1e-6, 4, layer.cos_sin)
                 keys = formats.unpack_index_keys(caches["index"])
-                index = layer_example._slots(tables["index"], torch.full_like(entries, r), entries, 64)
+                index = layer_example.entry_slots(tables["index"], torch.full_like(entries, r), entries, 64)
                 packed = formats.unpack_index_keys(formats.pack_index_keys(want[None], "ue8m0"))[0]
                 torch.testing.assert_close(keys[index // 64, index % 64], packed, rtol=2 ** -3, atol=1e-6)
         for step, m, x in zip(steps, layer.meta, acts):
             p, req = step.positions, step.token_to_req.long()
             for t in range(len(p)):
                 window = torch.arange(max(0, int(p[t]) - layer.sizes.window + 1), int(p[t]) + 1)
-                want = layer_example._slots(tables["swa"], req[t].expand(len(window)), window, 64)
+                want = layer_example.entry_slots(tables["swa"], req[t].expand(len(window)), window, 64)
                 assert m.swa_idx[t, : m.swa_lens[t]].tolist() == want.tolist()
                 if ratio == 128:
                     e = torch.arange(int(p[t] + 1) // 128)
-                    want = layer_example._slots(tables["comp"], req[t].expand(len(e)), e, 2)
+                    want = layer_example.entry_slots(tables["comp"], req[t].expand(len(e)), e, 2)
                     assert m.extra_idx[t, : m.extra_lens[t]].tolist() == want.tolist()
             if ratio == 4 and step.kind == "prefill":
                 values, scales = formats.index_key_views(caches["index"])

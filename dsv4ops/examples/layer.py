@@ -63,8 +63,8 @@ class Sizes:
         return len(self.prompts)
 
 
-PRODUCTION = Sizes(prompts=(4096, 3583, 3070, 2557), chunk=2048, decode_steps=8, heads=64, index_heads=64, index_topk=512,
-                   o_rank=1024)     # V4-Flash at TP 1
+PRODUCTION = Sizes(prompts=(4096, 3583, 3070, 2557), chunk=2048, decode_steps=8, heads=64, index_heads=64,
+                   index_topk=512, o_rank=1024)     # V4-Flash at TP 1
 TINY = Sizes(prompts=(130, 37), chunk=100, decode_steps=2, heads=8, index_heads=8, index_topk=8, o_rank=128,
              window=32, c128_align=16)     # C4 entries completed in prefill and decode; a C128 entry from p = 127 on
 
@@ -160,7 +160,7 @@ def make_layer(ratio: int, sizes: Sizes, device="cpu", seed=0) -> Layer:
     return layer
 
 
-def _slots(table: torch.Tensor, req: torch.Tensor, index: torch.Tensor, block: int) -> torch.Tensor:
+def entry_slots(table: torch.Tensor, req: torch.Tensor, index: torch.Tensor, block: int) -> torch.Tensor:
     """int64 cache slot of request-local entry ``index`` through ``table`` (``index`` >= 0)."""
     return table.long()[req.long(), index // block] * block + index % block
 
@@ -170,14 +170,14 @@ def step_meta(layer: Layer, step: Step) -> SimpleNamespace:
     p, req, t, ratio = step.positions, step.token_to_req, layer.tables, layer.ratio
     m = SimpleNamespace()
     m.swa_slot, m.swa_idx, m.swa_lens = window_indices(p, t["swa"][req.long()], layer.sizes.window)
-    m.state_slot = _slots(t["state"], req, p, STATE_BLOCK)
+    m.state_slot = entry_slots(t["state"], req, p, STATE_BLOCK)
     closes = (p + 1) % ratio == 0                              # the token completes a compressed entry
     entry = ((p + 1) // ratio - 1).clamp_min(0)
-    m.comp_slot = torch.where(closes, _slots(t["comp"], req, entry, layer.comp_block), -1)
+    m.comp_slot = torch.where(closes, entry_slots(t["comp"], req, entry, layer.comp_block), -1)
     n = ((p + 1) // ratio).to(torch.int32)                     # compressed entries the token sees
     if ratio == 4:
-        m.index_state_slot = _slots(t["index_state"], req, p, STATE_BLOCK)
-        m.index_slot = torch.where(closes, _slots(t["index"], req, entry, INDEX_BLOCK), -1)
+        m.index_state_slot = entry_slots(t["index_state"], req, p, STATE_BLOCK)
+        m.index_slot = torch.where(closes, entry_slots(t["index"], req, entry, INDEX_BLOCK), -1)
         if step.kind == "decode":
             m.context_lens = n[:, None]                        # 2-D: one count per row, as V4 passes them
             m.max_context_len = t["index"].shape[1] * INDEX_BLOCK
@@ -224,7 +224,7 @@ class Runner:
 
     def __init__(self, judge: bool):
         self.judge = judge
-        self.stages: dict[str, dict] = {}
+        self.stages: dict[tuple[str, str], dict] = {}
 
     def __call__(self, stage: str, op: str, **kwargs):
         if not self.judge:
@@ -367,9 +367,10 @@ def time_layer(layer: Layer, setting: str) -> list[str]:
             try:
                 eager, replay = time_us(fn, graph=step.kind == "decode" and setting != "reference")
             except Exception as exc:            # e.g. an op that synchronises cannot be captured
-                (eager, replay), note = time_us(fn, graph=False), f"  (graph capture failed: {type(exc).__name__}: {exc})"
+                (eager, replay), note = time_us(fn, graph=False), f"  (graph capture failed: {exc!r})"
             T = step.positions.shape[0]
-            lines.append(f"  {layer.name} {step.kind:7s} step {step.number:2d} T={T:5d}  {describe_times(eager, replay)}{note}")
+            lines.append(f"  {layer.name} {step.kind:7s} step {step.number:2d} T={T:5d}  "
+                         f"{describe_times(eager, replay)}{note}")
             total = totals.setdefault(step.kind, [0, 0, 0.0, 0.0])
             total[0] += 1
             total[1] += T
@@ -405,7 +406,7 @@ def main(argv=None) -> int:
     parser.add_argument("--size", choices=("production", "tiny"), default=None,
                         help="base sizes (default: production on a GPU, tiny on the CPU); the flags below override")
     parser.add_argument("--prompts", type=int, nargs="+", default=None, help="prompt length of each request")
-    for name, help_ in [("chunk", "prefill chunk, tokens per request"), ("decode-steps", "decode steps after the prefill"),
+    for name, help_ in [("chunk", "prefill chunk, tokens per request"), ("decode-steps", "decode steps after prefill"),
                         ("heads", "attention heads H (a multiple of 8)"), ("index-heads", "indexer heads"),
                         ("index-topk", "compressed entries the C4 indexer selects"), ("o-rank", "wo_a output rank"),
                         ("window", "sliding window (tokens)")]:
