@@ -38,11 +38,12 @@ from .common import (HEADS_PER_GROUP, SWA_BLOCK, WINDOW, backend_setting, descri
 
 INDEX_BLOCK, STATE_BLOCK = 64, 32          # indexer key page, compressor state page
 SOFTMAX_SCALE = 512 ** -0.5
-# End-to-end bounds against the all-reference pipeline (per step): the stages agree within their
-# conformance rules, but a compressed entry one e4m3 step off moves indexer logits slightly, and a
-# near-tie in the top-k then selects a different entry; that changes the attention output by about
-# one entry's weight (< 1e-5 in calc_diff), and FP8 requantization of the output can flip the
-# rounding of a few values by one e4m3 step before the o-projection.
+# End-to-end bounds against the all-reference pipeline (per step). Every call agrees with the
+# reference within its conformance rule (attention: calc_diff <= 5e-6; the Triton kernels' bf16
+# softmax weights give about 3e-6), but allowed differences carry forward: a compressed entry one
+# e4m3 step off moves indexer scores, a near-tie in the top-k then selects another entry (about one
+# entry's weight of the output), and requantizing the attention output in FP8 rounds a few values
+# one step differently before the o-projection (z: about 5e-5 on the CPU with Triton's interpreter).
 MAX_ATTN_DIFF, MAX_Z_DIFF, MAX_CACHE_DIFF, MIN_TOPK_OVERLAP = 1e-4, 1e-3, 1e-4, 0.95
 
 
