@@ -65,11 +65,11 @@ def _paged_mqa_logits_kernel(q_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_p
                 tl.store(out_rows, tl.where(valid, logits, float("-inf")), mask=in_width)
             else:
                 tl.store(out_rows, logits, mask=in_width & valid)
-    elif CLEAN:
-        j = tl.arange(0, NEXT_N_PAD)
-        out_rows = out_ptr + (b * next_n + j)[:, None] * width + t[None, :]
-        tl.store(out_rows, tl.full((NEXT_N_PAD, BLOCK_T), float("-inf"), tl.float32),
-                 mask=(j < next_n)[:, None] & (t < width)[None, :])
+    elif CLEAN:                                  # (names differ from the branch above: other shapes)
+        all_j = tl.arange(0, NEXT_N_PAD)
+        tail = out_ptr + (b * next_n + all_j)[:, None] * width + t[None, :]
+        tl.store(tail, tl.full((NEXT_N_PAD, BLOCK_T), float("-inf"), tl.float32),
+                 mask=(all_j < next_n)[:, None] & (t < width)[None, :])
 
 
 def paged_mqa_logits(a):

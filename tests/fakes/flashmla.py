@@ -2,7 +2,9 @@
 source (deepseek-ai/FlashMLA commit 02fe0d02e83f15ae5a049cc4acc009a50553e64c:
 ``flash_mla/flash_mla_interface.py::flash_mla_sparse_fwd``, and ``tests/ref.py::ref_sparse_attn_fwd``
 at commit a123d0b0191e0da7aa1e044f8644e0989cc63220 for what it computes). The parameter list is the
-release's, copied as a signature only; the body is our plain-PyTorch model:
+one users have installed, tokenspeed-flashmla 1.0.0.post20260615 (checked against the wheel on the
+H100: FlashMLA's main branch has since added an optional ``indexer_topk=0``, which the adapter does
+not pass), copied as a signature only; the body is our plain-PyTorch model:
 
 - invalid entries are ``< 0`` or ``>= s_kv``, and those at or past ``topk_length[i]``;
 - lse is the natural-log log-sum-exp of the valid scores, +inf for a row with none (output 0,
@@ -16,7 +18,7 @@ The arch (SM90 / SM100) is read from the simulated platform.
 """
 import sys
 import types
-from typing import Optional, Tuple, Union
+from typing import Optional, Tuple
 
 import torch
 
@@ -33,8 +35,7 @@ def flash_mla_sparse_fwd(
     d_v: int = 512,
     attn_sink: Optional[torch.Tensor] = None,
     topk_length: Optional[torch.Tensor] = None,
-    indexer_topk: int = 0,
-) -> Union[Tuple[torch.Tensor, torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     s_q, h_q, d_qk = q.shape
     assert q.dtype == torch.bfloat16 and kv.dtype == torch.bfloat16, (q.dtype, kv.dtype)
     assert d_qk == 512 and d_v == 512 and h_q in (64, 128), (d_qk, d_v, h_q)
@@ -46,7 +47,6 @@ def flash_mla_sparse_fwd(
     assert topk % tile == 0, f"topk {topk} is not a multiple of {tile}"
     assert attn_sink is None or (attn_sink.dtype == torch.float32 and attn_sink.shape == (h_q,))
     assert topk_length is None or (topk_length.dtype == torch.int32 and topk_length.shape == (s_q,))
-    assert indexer_topk == 0
     idx = indices[:, 0].to(torch.int64)
     valid = (idx >= 0) & (idx < kv.shape[0])
     if topk_length is not None:
