@@ -17,7 +17,7 @@ from .platform import platform
 
 
 def entries_from(case_list: list[Case], rows: list[Timing], device) -> list[dict]:
-    """One table entry per (op, bucket): the backend fastest on the most of its cases."""
+    """One table entry per (op, bucket, size class): the backend fastest on the most of its cases."""
     by_case = collections.defaultdict(dict)
     for r in rows:
         if r.us is not None:
@@ -29,11 +29,11 @@ def entries_from(case_list: list[Case], rows: list[Timing], device) -> list[dict
         if not timings:
             continue
         key = ops.OPS[case.op].validate_call(**case.build(device, seed=0)).key
-        slot = (case.op, tuning_table.bucket(key))
+        slot = (case.op, tuning_table.bucket(key), key.size_class)
         wins[slot][min(timings, key=timings.get)] += 1
         shown.setdefault(slot, dict(case=case.id, timings_us={b: round(t, 2) for b, t in timings.items()}))
-    return [dict(op=op, bucket=b, choice=wins[(op, b)].most_common(1)[0][0], **shown[(op, b)])
-            for (op, b) in wins]
+    return [dict(op=op, bucket=b, size_class=size, choice=wins[(op, b, size)].most_common(1)[0][0],
+                 **shown[(op, b, size)]) for (op, b, size) in wins]
 
 
 def main(args) -> int:

@@ -4,13 +4,14 @@ The table is a JSON file made on one device with one set of library versions::
 
     {"format": 1, "device": "NVIDIA H100 80GB HBM3", "platform": "cuda:sm90",
      "libraries": {"torch": "torch 2.11.0", "triton": "triton 3.6.0", ...},
-     "entries": [{"op": "sparse_mla_decode", "bucket": "...", "choice": "triton",
+     "entries": [{"op": "sparse_mla_decode", "bucket": "...", "size_class": 8, "choice": "triton",
                   "timings_us": {"triton": 81.2, "flashmla": 74.7}, "case": "..."}]}
 
 Dispatch reads the file named by ``DSV4OPS_TUNING_TABLE``. An entry applies to calls in its shape
-bucket (the op's dispatch key: every tensor's dtype and shape without the leading size, the
-non-float arguments, and the leading size's bit length), on the device it was measured on, with
-the library versions it was measured with; a table made elsewhere is ignored with a warning.
+bucket (the op's dispatch key: every tensor's dtype and shape without the leading size, and the
+non-float arguments) whose leading size (tokens, batch) has the nearest measured bit length
+(``size_class``), on the device it was measured on, with the library versions it was measured
+with; a table made elsewhere is ignored with a warning.
 """
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ FORMAT = 1
 
 
 def bucket(key) -> str:
-    """The shape bucket of a dispatch key: a stable string of its fields."""
-    parts = [f"size_class={key.size_class}"]
+    """The shape bucket of a dispatch key: a stable string of its fields (the leading size's bit
+    length, ``key.size_class``, is kept apart: a call takes the nearest measured one)."""
+    parts = []
     for name, value in key.items():
         if hasattr(value, "dtype") and hasattr(value, "shape"):          # a TensorMeta
             dims = ",".join("*" if d is None else str(d) for d in value.shape)
@@ -43,7 +45,7 @@ class TuningTable:
     device: str
     platform: str
     libraries: dict
-    choices: dict                     # (op, bucket) -> backend
+    choices: dict                     # (op, bucket) -> {size_class: backend}
 
     def stale_because(self, plat) -> str | None:
         """Why this table does not describe ``plat`` (None if it does)."""
@@ -73,7 +75,9 @@ def _load(path: str, stamp: int) -> TuningTable:
             data = json.load(f)
         if data.get("format") != FORMAT:
             raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
-        choices = {(e["op"], e["bucket"]): e["choice"] for e in data["entries"]}
+        choices: dict = {}
+        for e in data["entries"]:
+            choices.setdefault((e["op"], e["bucket"]), {})[int(e["size_class"])] = e["choice"]
         return TuningTable(path, data["device"], data["platform"], dict(data["libraries"]), choices)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"DSV4OPS_TUNING_TABLE={path!r}: not a dsv4ops tuning table ({exc})") from None
@@ -102,5 +106,8 @@ def measured_choice(plat, op: str, key) -> tuple[str, str] | None:
             warnings.warn(f"dsv4ops: ignoring tuning table {path}: {why}; run `dsv4ops tune` on this machine",
                           stacklevel=4)
         return None
-    choice = table.choices.get((op, bucket(key)))
-    return (choice, path) if choice is not None else None
+    measured = table.choices.get((op, bucket(key)))
+    if not measured:
+        return None
+    nearest = min(measured, key=lambda size: (abs(size - key.size_class), -size))
+    return measured[nearest], path

@@ -326,15 +326,17 @@ def _table(tmp_path, entries, device=None):
     return str(path)
 
 
-def _bucket(**kw):
+def _entry(choice, size_class=None, **kw):
     from dsv4ops import tuning_table
     from dsv4ops.ops import OPS
-    return tuning_table.bucket(OPS["indexer_topk"].validate_call(**kw).key)
+    key = OPS["indexer_topk"].validate_call(**kw).key
+    return dict(op="indexer_topk", bucket=tuning_table.bucket(key), choice=choice,
+                size_class=key.size_class if size_class is None else size_class)
 
 
 def test_tuning_table_choice_beats_priority(env, fakes, tmp_path):
     kw = topk_args()
-    env(DSV4OPS_TUNING_TABLE=_table(tmp_path, [dict(op="indexer_topk", bucket=_bucket(**kw), choice="slow")]))
+    env(DSV4OPS_TUNING_TABLE=_table(tmp_path, [_entry("slow", **kw)]))
     dsv4ops.indexer_topk(**kw)
     assert fakes == ["slow"]                                      # measured fastest, over 'fast' (priority 90)
     d = dsv4ops.explain("indexer_topk", **kw)
@@ -348,15 +350,22 @@ def test_tuning_table_choice_beats_priority(env, fakes, tmp_path):
 
 def test_tuning_table_choice_that_declines_falls_back(env, fakes, tmp_path):
     kw = {**topk_args(), "k": 32}                                 # 'fast' declines k > 16
-    env(DSV4OPS_TUNING_TABLE=_table(tmp_path, [dict(op="indexer_topk", bucket=_bucket(**kw), choice="fast")]))
+    env(DSV4OPS_TUNING_TABLE=_table(tmp_path, [_entry("fast", **kw)]))
     dsv4ops.indexer_topk(**kw)
     assert fakes == ["slow"]
 
 
+def test_tuning_table_takes_the_nearest_measured_size_class(env, fakes, tmp_path):
+    kw = topk_args()                                              # 4 rows: size class 3
+    env(DSV4OPS_TUNING_TABLE=_table(tmp_path, [_entry("slow", size_class=5, **kw),
+                                               _entry("fast", size_class=9, **kw)]))
+    dsv4ops.indexer_topk(**kw)
+    assert fakes == ["slow"]                                      # 5 is nearer to 3 than 9
+
+
 def test_stale_tuning_table_is_ignored_with_a_warning(env, fakes, tmp_path):
     kw = topk_args()
-    env(DSV4OPS_TUNING_TABLE=_table(tmp_path, [dict(op="indexer_topk", bucket=_bucket(**kw), choice="slow")],
-                                    device="another GPU"))
+    env(DSV4OPS_TUNING_TABLE=_table(tmp_path, [_entry("slow", **kw)], device="another GPU"))
     with pytest.warns(UserWarning, match="measured on another GPU"):
         dsv4ops.indexer_topk(**kw)
     assert fakes == ["fast"]
