@@ -56,6 +56,9 @@ def prepare(op_name: str, *args, backend: str | None = None, **kwargs) -> Prepar
         raise InputError(f"unknown op {op_name!r}; ops are {', '.join(OPS)}")
     op = OPS[op_name]
     call = op.validate_call(*args, **kwargs)
+    if call.device.type == "meta":
+        raise InputError(f"{op_name}: meta tensors have no backend to prepare; call dsv4ops.{op_name} for "
+                         f"shape-only outputs")
     decision = decide(call, backend)
     if decision.selected is None:
         raise UnsupportedError(decision.error)

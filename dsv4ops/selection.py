@@ -241,6 +241,8 @@ def dispatch(op, args, backend: str | None, key: tuple | None = None) -> Any:
     """Validate, choose and run one call of ``op`` (typed ``args``); ``key`` is the call's structure
     key (None when it has none: an unhashable or malformed argument, which validation reports)."""
     call = op.validate(args)
+    if call.device.type == "meta":               # shape-only: the outputs' shapes and dtypes, no backend
+        return op.spec.fake(call.args)
     cached = _decisions.get((op.name, key)) if key is not None else None
     if cached is None:
         run = runner(choose(call, backend), call.device)

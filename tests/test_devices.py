@@ -40,3 +40,20 @@ def test_quick_tier_on_a_device_that_is_not_current(current, target):
     ran = [r for r in results if r.status != "skip"]
     bad = [f"{r.backend} {r.case.id}: {r.message}" for r in ran if r.status != "pass"]
     assert ran and not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("op", OP_NAMES)
+def test_meta_tensors_give_shape_only_outputs(op):
+    """Meta tensors (shape inference, FakeTensor-style tracing) get the op's fake outputs: the
+    shapes and dtypes a real call returns, with no backend involved; prepare() refuses them."""
+    from dsv4ops.bench import TINY, make_case
+    kw = make_case(op, "quick", **TINY[op]).build("cpu", seed=0)
+    real = dsv4ops.dispatch(op, **kw, backend="reference")
+    meta = dsv4ops.dispatch(op, **{k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+    flat = lambda r: [r] if not isinstance(r, tuple) else list(r)
+    for got, want in zip(flat(meta), flat(real)):
+        assert (got is None) == (want is None)
+        if want is not None:
+            assert got.device.type == "meta" and got.shape == want.shape and got.dtype == want.dtype
+    with pytest.raises(dsv4ops.InputError, match="meta tensors"):
+        dsv4ops.prepare(op, **{k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
