@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from . import ops, registry
+from . import formats, ops, registry
 from .conformance.cases import Case, make_case
 from .conformance.compare import RULES
 from .conformance.runner import clone_kwargs, run_reference
@@ -133,7 +133,7 @@ def cost(op: str, kw: dict) -> tuple[int, int]:
         live = kw["state_slot_mapping"] >= 0
         done = int((live & ((kw["positions"][:n] + 1) % kw["ratio"] == 0) & (kw["slot_mapping"] >= 0)).sum())
         row = kw["state_cache"].shape[2] * 4                      # one state row: [kv, score] fp32
-        entry = 584 if kw["layout"] == "fp8_ds_mla" else 132
+        entry = Layout.of(kw["layout"], among=formats.COMPRESSED_LAYOUTS).token_bytes
         # save: read kv + score, write the row; each entry reads c*ratio positions of a row's 1/c
         return (int(live.sum()) * ((kw["kv"].element_size() + kw["score"].element_size()) * kw["kv"].shape[1] + row)
                 + done * (kw["ratio"] * row + entry)), 0

@@ -55,6 +55,12 @@ class Layout:
     DS_MLA: ClassVar[int] = 0
     BF16: ClassVar[int] = 1
     FP8_PER_TENSOR: ClassVar[int] = 2
+    INDEX_FP8: ClassVar[int] = 3          # the indexer key cache: 128 fp8 + an fp32 scale per token
+
+    @property
+    def head_dim(self) -> int:
+        """Values per token: 512 for the attention caches, 128 for the indexer key cache."""
+        return INDEX_DIM if self.kind == Layout.INDEX_FP8 else HEAD_DIM
 
     @property
     def is_ds_mla(self) -> bool:
@@ -73,17 +79,19 @@ class Layout:
     def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         if self.is_ds_mla:
             return (num_blocks, self.page_bytes(block_size))
+        if self.kind == Layout.INDEX_FP8:
+            return (num_blocks, block_size, 1, self.token_bytes)
         return (num_blocks, block_size, HEAD_DIM)
 
     @staticmethod
-    def of(layout: "Layout | str") -> "Layout":
-        """The Layout named ``layout`` (a Layout is returned as is); ValueError for unknown names."""
-        if isinstance(layout, Layout):
-            return layout
-        try:
-            return LAYOUTS[layout]
-        except (KeyError, TypeError):
-            raise ValueError(f"unknown KV cache layout {layout!r}; expected one of {list(LAYOUTS)}") from None
+    def of(layout: "Layout | str", among: dict | None = None) -> "Layout":
+        """The Layout named ``layout`` among ``among`` (default: the attention KV cache layouts,
+        ``LAYOUTS``); a Layout is returned as is if it is one of them; ValueError otherwise."""
+        among = LAYOUTS if among is None else among
+        found = layout if isinstance(layout, Layout) else among.get(layout) if isinstance(layout, str) else None
+        if found is None or among.get(found.name) is not found:
+            raise ValueError(f"unknown layout {layout!r}; expected one of {list(among)}")
+        return found
 
     def __str__(self) -> str:
         return self.name
@@ -95,6 +103,11 @@ LAYOUTS = {layout.name: layout for layout in (
     Layout("bf16", Layout.BF16, torch.bfloat16, torch.bfloat16, None, HEAD_DIM * 2),
     Layout("fp8_per_tensor", Layout.FP8_PER_TENSOR, torch.float8_e4m3fn, torch.float8_e4m3fn, "ocp", HEAD_DIM),
 )}
+# The indexer key cache (docs/ops.md §3): written by compress_kv_insert, read by paged_mqa_logits.
+INDEX_FP8 = Layout("index_fp8", Layout.INDEX_FP8, torch.uint8, torch.float8_e4m3fn, "ocp", INDEX_TOKEN_BYTES)
+# What the compressor writes: the C4 / C128 attention entries, or C4's indexer keys.
+COMPRESSED_LAYOUTS = {"fp8_ds_mla": LAYOUTS["fp8_ds_mla"], "index_fp8": INDEX_FP8}
+ALL_LAYOUTS = {**LAYOUTS, **COMPRESSED_LAYOUTS}
 
 
 def ds_mla_page_bytes(block_size: int) -> int:

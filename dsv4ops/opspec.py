@@ -18,7 +18,7 @@ import torch
 
 from . import registry, selection
 from .errors import InputError
-from .formats import LAYOUTS, Layout
+from .formats import ALL_LAYOUTS, Layout
 from .platform import thread_state
 from .checker import Checker
 
@@ -142,7 +142,7 @@ class Op:
         self.structure = _structure_function(spec)
         self.function = _generate(spec, spec.name, _FAST_PATH, {
             "Args": self.Args, "op": self, "fast": selection.fast_table(spec.name), "dispatch": selection.dispatch,
-            "thread": thread_state, "Tensor": torch.Tensor, "layout_of": LAYOUTS,
+            "thread": thread_state, "Tensor": torch.Tensor, "layout_of": ALL_LAYOUTS,
             "new": tuple.__new__}, with_backend=True)
         self.function.__doc__ = spec.doc
         self.function.__module__ = "dsv4ops"

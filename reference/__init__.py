@@ -40,8 +40,8 @@ fp8_einsum = _public(OPS["fp8_einsum"])
 indexer_topk = _public(OPS["indexer_topk"])
 compress_kv_insert = _public(OPS["compress_kv_insert"])
 mqa_logits = _public(OPS["mqa_logits"])
-inv_rope_fp8_quant = _public(OPS["inv_rope_fp8_quant"])
 sparse_mla_prefill = _public(OPS["sparse_mla_prefill"])
+inv_rope_fp8_quant = _public(OPS["inv_rope_fp8_quant"])
 
 __all__ = ["compress_kv_insert", "inv_rope_fp8_quant", "qnorm_rope_kv_insert", "sparse_mla_decode", "paged_mqa_logits", "fp8_einsum", "indexer_topk",
            "sparse_mla_prefill", "mqa_logits"]

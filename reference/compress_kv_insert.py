@@ -42,8 +42,8 @@ def compress_kv_insert(a):
     normed = pooled * torch.rsqrt(pooled.square().mean(-1, keepdim=True) + a.eps) * a.norm_weight.float()
     cos, sin = cos_sin(a.cos_sin_cache, p - ratio + 1)      # RoPE at the window's first position
     entry = rotate(normed, cos, sin).to(torch.bfloat16).float()
-    if a.layout == "fp8_ds_mla":
-        formats.write_kv(a.kv_cache, "fp8_ds_mla", a.block_size, a.slot_mapping[done], entry)
+    if a.layout.is_ds_mla:
+        formats.write_kv(a.kv_cache, a.layout, a.block_size, a.slot_mapping[done], entry)
     else:
         _write_index_keys(a.kv_cache, a.slot_mapping[done], entry)
     return None

@@ -9,7 +9,8 @@ import torch
 import dsv4ops
 from dsv4ops import formats
 from dsv4ops.conformance.inputs import cos_sin_cache
-from dsv4ops.ops.compress_kv_insert import LAYOUTS, overlap
+from dsv4ops.formats import COMPRESSED_LAYOUTS
+from dsv4ops.ops.compress_kv_insert import overlap
 from dsv4ops.reference.rope import rotate
 
 
@@ -49,7 +50,7 @@ BACKENDS = [b.name for b in dsv4ops.backends() if b.available and b.name in ("re
 ])
 def test_chunked_calls_match_the_model(backend, layout, ratio, length, cuts):
     gen = torch.Generator().manual_seed(1)
-    c, D = overlap(ratio), LAYOUTS[layout]
+    c, D = overlap(ratio), COMPRESSED_LAYOUTS[layout].head_dim
     kv = torch.randn(length, c * D, generator=gen)
     score = 2 * torch.randn(length, c * D, generator=gen)
     ape = 0.5 * torch.randn(ratio, c * D, generator=gen)

@@ -107,7 +107,7 @@ def compress_kv_insert(a):
     width = a.kv.shape[1]
     D = width // c
     sc = a.state_cache
-    ds_mla = a.layout == "fp8_ds_mla"
+    ds_mla = a.layout.is_ds_mla
     page_bytes = a.kv_cache.stride(0)
     warps = tuning(platform(a.kv.device)).compress_warps
     pos, sslots, table, req, slots = a.positions, a.state_slot_mapping, a.state_block_table, a.token_to_req, a.slot_mapping

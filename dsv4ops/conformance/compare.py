@@ -359,7 +359,7 @@ def compress_kv_insert(case, ref_kwargs, ref_result, got_kwargs, got_result) -> 
     got, ref, bs = got_kwargs["kv_cache"], kw["kv_cache"], kw["block_size"]
     owned = torch.zeros_like(ref, dtype=torch.bool)
     block, off = slots // bs, slots % bs
-    if kw["layout"] == "fp8_ds_mla":
+    if Layout.of(kw["layout"], among=formats.COMPRESSED_LAYOUTS).is_ds_mla:
         (gd, gs), (rd, rs) = formats.ds_mla_views(got, bs), formats.ds_mla_views(ref, bs)
         od, os_ = formats.ds_mla_views(owned, bs)
         od[block, off] = True

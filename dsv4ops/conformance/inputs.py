@@ -306,9 +306,9 @@ def compress_kv_insert(device, gen, *, layout, ratio, block_size, reqs=(), decod
     slot mappings. Tokens that close no window carry slots on a spare page (writing them is a bug);
     ``skip_slot`` gives the first closing token slot -1. ``decode=N`` adds N requests of one token
     each, every other one closing a window."""
-    from ..ops.compress_kv_insert import LAYOUTS, overlap
+    from ..ops.compress_kv_insert import overlap
     reqs = tuple(reqs) + tuple((ratio * (8 + i) - 1 - i % 2, 1) for i in range(decode))
-    c, D = overlap(ratio), LAYOUTS[layout]
+    c, D = overlap(ratio), Layout.of(layout, among=formats.COMPRESSED_LAYOUTS).head_dim
     width, sbs = c * D, 4 if ratio == 4 else 8
     ends = [prior + new for prior, new in reqs]
     state_pages = [-(-e // sbs) for e in ends]
@@ -348,10 +348,8 @@ def compress_kv_insert(device, gen, *, layout, ratio, block_size, reqs=(), decod
     T = len(positions)
     proj = _randn(gen, T, 2 * width) * torch.cat([0.05 + 2 * torch.rand(T, 1, generator=gen),
                                                    torch.full((T, 1), 2.0)], dim=1).repeat_interleave(width, 1)
-    if layout == "fp8_ds_mla":
-        cache = random_cache_bytes(gen, nb, block_size, "fp8_ds_mla")
-    else:
-        cache = _randint(gen, 0, 256, (nb, block_size, 1, formats.INDEX_TOKEN_BYTES)).to(torch.uint8)
+    shape = Layout.of(layout, among=formats.COMPRESSED_LAYOUTS).cache_shape(nb, block_size)
+    cache = _randint(gen, 0, 256, shape).to(torch.uint8)          # random bytes: a stray write shows
     proj = proj.to(dtype)
     kwargs = dict(kv=proj[:, :width], score=proj[:, width:], positions=torch.tensor(positions, dtype=torch.int64),
                   ape=0.5 * _randn(gen, ratio, width), norm_weight=(1 + 0.1 * _randn(gen, D)).to(dtype),

@@ -7,11 +7,11 @@ import torch
 from torch import Tensor
 
 from .. import formats
+from ..formats import Layout
 from ..opspec import Arg, OpSpec, define
 from ..checker import Checker
 
 RATIOS = (4, 128)                     # C4 (overlapping windows) and C128
-LAYOUTS = {"fp8_ds_mla": formats.HEAD_DIM, "index_fp8": formats.INDEX_DIM}    # layout -> head dim D
 
 
 def overlap(ratio: int) -> int:
@@ -20,9 +20,11 @@ def overlap(ratio: int) -> int:
 
 
 def check(c: Checker, a):
-    if a.layout not in LAYOUTS:
-        c.fail("layout", f"must be one of {list(LAYOUTS)}, got {a.layout!r}")
-    D = LAYOUTS[a.layout]
+    try:
+        layout = Layout.of(a.layout, among=formats.COMPRESSED_LAYOUTS)
+    except ValueError:
+        c.fail("layout", f"must be one of {list(formats.COMPRESSED_LAYOUTS)}, got {a.layout!r}")
+    D = layout.head_dim
     c.int_arg("ratio", a.ratio, choices=RATIOS)
     width = overlap(a.ratio) * D
     c.tensor("kv", a.kv, dtype=(torch.float32, torch.bfloat16), shape=("T", width), anchor=True,
@@ -44,12 +46,8 @@ def check(c: Checker, a):
     c.tensor("state_block_table", a.state_block_table, dtype=torch.int32, shape=("num_reqs", "max_state_blocks"))
     c.tensor("token_to_req", a.token_to_req, dtype=torch.int32, shape=(n,))
     c.int_arg("block_size", a.block_size, minimum=1)
-    if a.layout == "fp8_ds_mla":
-        shape = formats.kv_cache_spec(1, a.block_size, "fp8_ds_mla")[0]
-        c.tensor("kv_cache", a.kv_cache, dtype=torch.uint8, shape=("num_blocks", shape[1]), contiguous=True)
-    else:
-        c.tensor("kv_cache", a.kv_cache, dtype=torch.uint8, shape=("num_blocks", a.block_size, 1,
-                 formats.INDEX_TOKEN_BYTES), contiguous=True)
+    c.tensor("kv_cache", a.kv_cache, dtype=layout.cache_dtype,
+             shape=("num_blocks",) + layout.cache_shape(1, a.block_size)[1:], contiguous=True)
     c.tensor("slot_mapping", a.slot_mapping, dtype=torch.int64, shape=(n,))
     c.float_arg("eps", a.eps, positive=True)
     c.disjoint(a, "state_cache")
@@ -65,7 +63,7 @@ def check(c: Checker, a):
         pages = a.positions[:n][live] // a.state_cache.shape[1]
         c.in_range("positions", pages, None, a.state_block_table.shape[1],
                    what="state pages (position // state_block_size, within state_block_table's width)")
-    return a
+    return a._replace(layout=layout)
 
 
 def fake(a):
@@ -96,7 +94,7 @@ SPEC = OpSpec(
         Arg("token_to_req", Tensor, doc="int32 [T']"),
         Arg("kv_cache", Tensor, mutated=True),
         Arg("slot_mapping", Tensor, doc="int64 [T'], compressed slot written at a window's last token"),
-        Arg("layout", str, keyword_only=True),
+        Arg("layout", Layout, keyword_only=True),
         Arg("ratio", int, keyword_only=True),
         Arg("block_size", int, keyword_only=True),
         Arg("eps", float, 1e-6, keyword_only=True),
