@@ -1,0 +1,24 @@
+"""The Triton kernels compile for the GPUs they serve, checked on this CPU machine (see
+tests/compile_only.py: the interpreter that runs them in CI never invokes Triton's compiler)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("compile_only.py")
+KERNELS = {"_combine_kernel", "_compress", "_decode_kernel", "_fp8_einsum_kernel", "_indexer_topk_kernel",
+           "_inv_rope_fp8_quant_kernel", "_mqa_logits_kernel", "_paged_mqa_logits_kernel",
+           "_qnorm_rope_kv_insert_kernel", "_save_state"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["cuda:sm90", "rocm:gfx942"])
+def test_every_kernel_compiles_for(target):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(SCRIPT), target], capture_output=True, text=True, env=env,
+                         timeout=1200)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    line = next(l for l in run.stdout.splitlines() if l.startswith("compiled for"))
+    assert KERNELS <= set(line.split(":", 2)[-1].split()), line
