@@ -11,20 +11,18 @@ import pytest
 import torch
 
 import dsv4ops
-from dsv4ops import registry
 from dsv4ops.conformance import cases, compare, run_case
 from dsv4ops.conformance.cases import make_case
 
 from fakes import flashinfer as fake_flashinfer
+from fakes import reprobed
 
 
 @pytest.fixture
 def flashinfer(monkeypatch):
     fake_flashinfer.install(monkeypatch)
-    backend = registry.get_backend("flashinfer")
-    monkeypatch.setattr(backend, "_probed", None)       # re-probe against the fake
-    yield backend
-    backend._probed = None
+    with reprobed(monkeypatch, "flashinfer") as backend:
+        yield backend
 
 
 def _run_all(op, backend, arch):
@@ -85,10 +83,8 @@ def test_flashinfer_trtllm_table_padding_and_lonely_rows(flashinfer):
 def flashmla(monkeypatch):
     from fakes import flashmla as fake_flashmla
     fake_flashmla.install(monkeypatch)
-    backend = registry.get_backend("flashmla")
-    monkeypatch.setattr(backend, "_probed", None)
-    yield backend
-    backend._probed = None
+    with reprobed(monkeypatch, "flashmla") as backend:
+        yield backend
 
 
 @pytest.mark.parametrize("arch", ["sm90", "sm100"])
@@ -129,9 +125,7 @@ def test_flashmla_sm100_topk_tiles():
 def test_deepgemm_contract(monkeypatch, generation):
     from fakes import deep_gemm as fake_deep_gemm
     fake_deep_gemm.install(monkeypatch, generation)
-    backend = registry.get_backend("deepgemm")
-    monkeypatch.setattr(backend, "_probed", None)
-    try:
+    with reprobed(monkeypatch, "deepgemm"):
         ran, _ = _run_all("paged_mqa_logits", "deepgemm", "sm90")
         full = [make_case("paged_mqa_logits", B=3, next_n=n, context=200, H=64, block_size=64, lens_dim=d, clean=cl)
                 for n in (1, 2) for d in (1, 2) for cl in (False, True)]
@@ -140,22 +134,15 @@ def test_deepgemm_contract(monkeypatch, generation):
         assert all(r.status == "pass" for r in results), [r.message for r in results]
         ran, _ = _run_all("fp8_einsum", "deepgemm", "sm90")
         assert ran
-    finally:
-        backend._probed = None
 
 
 def test_deepgemm_declines_sm100_until_adapted(monkeypatch):
     from fakes import deep_gemm as fake_deep_gemm
     fake_deep_gemm.install(monkeypatch)
-    backend = registry.get_backend("deepgemm")
-    monkeypatch.setattr(backend, "_probed", None)
     kw = make_case("fp8_einsum", **dict(B=2, H=2, D=128, R=512)).build("cpu", 0)
-    try:
-        with dsv4ops.simulate_platform("cuda", "sm100"):
-            status = {c.backend: c.status for c in dsv4ops.explain("fp8_einsum", **kw).candidates}
-        assert "arch sm100 not supported (needs sm90)" == status["deepgemm"]
-    finally:
-        backend._probed = None
+    with reprobed(monkeypatch, "deepgemm"), dsv4ops.simulate_platform("cuda", "sm100"):
+        status = {c.backend: c.status for c in dsv4ops.explain("fp8_einsum", **kw).candidates}
+    assert "arch sm100 not supported (needs sm90)" == status["deepgemm"]
 
 
 _MQA_DG = [make_case("mqa_logits", T=T, S=S, H=64, ranges=r, clean=cl, out=cl)
@@ -170,17 +157,13 @@ def test_deepgemm_mqa_logits_contract(monkeypatch, generation):
     clean_logits; other head counts and FNUZ inputs are declined with the reason."""
     from fakes import deep_gemm as fake_deep_gemm
     fake_deep_gemm.install(monkeypatch, generation)
-    backend = registry.get_backend("deepgemm")
-    monkeypatch.setattr(backend, "_probed", None)
     kw = _MQA_DG[2].build("cpu", 1)
     kw["k_scale"] = torch.cat([torch.zeros(1), kw["k_scale"]])[1:]                      # 4-byte aligned only
     kw["weights"] = torch.cat([kw["weights"], kw["weights"]], 1)[:, :64]              # row stride 128
-    try:
+    with reprobed(monkeypatch, "deepgemm"):
         ran, skipped = _simulated("cuda", "sm90", "mqa_logits", "deepgemm", _MQA_DG)
         with dsv4ops.simulate_platform("cuda", "sm90"):
             got = dsv4ops.mqa_logits(**kw, backend="deepgemm")                          # copied for TMA
-    finally:
-        backend._probed = None
     ref_kwargs = {**kw, "out": None}
     assert compare.mqa_logits(None, ref_kwargs, dsv4ops.reference.mqa_logits(**ref_kwargs), {}, got).ok
     assert {r.case.id for r in ran} >= {c.id for c in _MQA_DG}
@@ -196,10 +179,8 @@ def test_deepgemm_mqa_logits_contract(monkeypatch, generation):
 def aiter(monkeypatch):
     from fakes import aiter as fake_aiter
     fake_aiter.install(monkeypatch)
-    backend = registry.get_backend("aiter")
-    monkeypatch.setattr(backend, "_probed", None)
-    yield backend
-    backend._probed = None
+    with reprobed(monkeypatch, "aiter") as backend:
+        yield backend
 
 
 def _simulated(vendor, arch, op, backend, extra=()):
@@ -291,14 +272,11 @@ def test_aiter_mqa_logits_contract(aiter, arch):
 def test_aiter_version_floors(monkeypatch, version, op, arch, expected):
     from fakes import aiter as fake_aiter
     fake_aiter.install(monkeypatch, version=version)
-    backend = registry.get_backend("aiter")
-    monkeypatch.setattr(backend, "_probed", None)
     kw = (dict(T=2, H=8, topk=32, layout="bf16", need_lse=False) if op.startswith("sparse_mla")
           else dict(T=4, S=64, H=16) if op == "mqa_logits" else dict(R=4, W=128, k=16, mode="decode1d"))
-    with dsv4ops.simulate_platform("rocm", arch):
+    with reprobed(monkeypatch, "aiter"), dsv4ops.simulate_platform("rocm", arch):
         d = dsv4ops.explain(op, **make_case(op, **kw).build("cpu", 0))
     status = {c.backend: c.status for c in d.candidates}["aiter"]
-    backend._probed = None
     if expected:
         assert status == expected
     else:
@@ -324,10 +302,8 @@ def test_aiter_without_pa_decode_sparse(monkeypatch):
 def xpu(monkeypatch, request):
     from fakes import xpu as fake_xpu
     fake_xpu.install(monkeypatch, request)
-    backend = registry.get_backend("xpu")
-    monkeypatch.setattr(backend, "_probed", None)
-    yield backend
-    backend._probed = None
+    with reprobed(monkeypatch, "xpu") as backend:
+        yield backend
 
 
 def test_xpu_qnorm_contract(xpu):
@@ -372,19 +348,16 @@ def test_xpu_topk_contract(xpu):
 
 
 def test_xpu_probe_names_package(monkeypatch, request):
-    backend = registry.get_backend("xpu")
-    monkeypatch.setattr(backend, "_probed", None)
     monkeypatch.setitem(sys.modules, "vllm_xpu_kernels", None)
-    assert "vllm-xpu-kernels" in backend.unavailable_reason()
-    assert backend.unavailable_reason().startswith("cannot import vllm_xpu_kernels._xpu_C")
+    with reprobed(monkeypatch, "xpu") as backend:
+        assert "vllm-xpu-kernels" in backend.unavailable_reason()
+        assert backend.unavailable_reason().startswith("cannot import vllm_xpu_kernels._xpu_C")
     from fakes import xpu as fake_xpu
     fake_xpu.install(monkeypatch, request, missing=("deepseek_qnorm_rope_kv_insert",))
-    monkeypatch.setattr(backend, "_probed", None)
-    assert backend.unavailable_reason() is None
     kw = make_case("qnorm_rope_kv_insert", T=2, H=4, layout="bf16").build("cpu", 0)
-    with dsv4ops.simulate_platform("xpu", "bmg"):
+    with reprobed(monkeypatch, "xpu") as backend, dsv4ops.simulate_platform("xpu", "bmg"):
+        assert backend.unavailable_reason() is None
         status = {c.backend: c.status for c in dsv4ops.explain("qnorm_rope_kv_insert", **kw).candidates}
-    backend._probed = None
     assert status["xpu"] == ("vllm-xpu-kernels lacks torch.ops._xpu_C.deepseek_qnorm_rope_kv_insert: "
                              "install vllm-xpu-kernels >= 0.1.11")
 
@@ -418,16 +391,12 @@ def _record_aiter(monkeypatch):
     from fakes import aiter as fake_aiter
     calls = []
     fake_aiter.install(monkeypatch, wrap=_recording(calls))
-    backend = registry.get_backend("aiter")
-    monkeypatch.setattr(backend, "_probed", None)
-    try:
+    with reprobed(monkeypatch, "aiter"):
         _simulated("rocm", "gfx950", "sparse_mla_decode", "aiter", _DECODE_SINGLE + _DECODE_TWO)
         _simulated("rocm", "gfx942", "sparse_mla_decode", "aiter", _DECODE_SINGLE)
         _simulated("rocm", "gfx942", "indexer_topk", "aiter")
         _simulated("rocm", "gfx942", "mqa_logits", "aiter", _MQA_AITER)
         _simulated("rocm", "gfx950", "sparse_mla_prefill", "aiter", _PREFILL)
-    finally:
-        backend._probed = None
     return fake_aiter.CALLED, calls
 
 
@@ -435,14 +404,10 @@ def _record_flashinfer(monkeypatch):
     from fakes import flashinfer as fake_fi
     calls = []
     fake_fi.install(monkeypatch, wrap=_recording(calls))
-    backend = registry.get_backend("flashinfer")
-    monkeypatch.setattr(backend, "_probed", None)
-    try:
+    with reprobed(monkeypatch, "flashinfer"):
         _run_all("sparse_mla_decode", "flashinfer", "sm100")
         _run_all("sparse_mla_decode", "flashinfer", "sm120")
         _run_all("indexer_topk", "flashinfer", "sm90")
-    finally:
-        backend._probed = None
     return fake_fi.CALLED, calls
 
 
@@ -450,27 +415,19 @@ def _record_flashmla(monkeypatch):
     from fakes import flashmla as fake_flashmla
     calls = []
     fake_flashmla.install(monkeypatch, wrap=_recording(calls))
-    backend = registry.get_backend("flashmla")
-    monkeypatch.setattr(backend, "_probed", None)
-    try:
+    with reprobed(monkeypatch, "flashmla"):
         _run_all("sparse_mla_prefill", "flashmla", "sm90")
         _run_all("sparse_mla_prefill", "flashmla", "sm100")
-    finally:
-        backend._probed = None
     return fake_flashmla.CALLED, calls
 
 
 def _record_deepgemm(monkeypatch):
     from fakes import deep_gemm as fake_deep_gemm
     calls = []
-    backend = registry.get_backend("deepgemm")
-    try:
-        for generation in ("new", "old"):
-            fake_deep_gemm.install(monkeypatch, generation, wrap=_recording(calls))
-            monkeypatch.setattr(backend, "_probed", None)
+    for generation in ("new", "old"):
+        fake_deep_gemm.install(monkeypatch, generation, wrap=_recording(calls))
+        with reprobed(monkeypatch, "deepgemm"):
             _simulated("cuda", "sm90", "mqa_logits", "deepgemm", _MQA_DG)
-    finally:
-        backend._probed = None
     return fake_deep_gemm.CALLED, calls
 
 

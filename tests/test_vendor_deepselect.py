@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import dsv4ops
-from dsv4ops import registry
 from dsv4ops.backends.deepselect import topk_inputs
 from dsv4ops.conformance import cases, compare
 from dsv4ops.conformance.cases import make_case
 
 from fakes import deep_select as fake_ds
+from fakes import reprobed
 from test_vendor_contracts import _bind_all, _recording, _simulated
 
 DIST = "tokenspeed-deepselect"
@@ -26,10 +26,8 @@ DIST = "tokenspeed-deepselect"
 @pytest.fixture
 def deepselect(monkeypatch):
     fake_ds.install(monkeypatch)
-    backend = registry.get_backend("deepselect")
-    monkeypatch.setattr(backend, "_probed", None)
-    yield backend
-    backend._probed = None
+    with reprobed(monkeypatch, "deepselect") as backend:
+        yield backend
 
 
 # Decode-form cases beyond the quick tier: column-major logits, k not a multiple of 8 (no direct
@@ -116,12 +114,8 @@ def test_deepselect_placeholder_and_nan_rows(deepselect, gen):
 def _record(monkeypatch):
     calls = []
     fake_ds.install(monkeypatch, wrap=_recording(calls))
-    backend = registry.get_backend("deepselect")
-    monkeypatch.setattr(backend, "_probed", None)
-    try:
+    with reprobed(monkeypatch, "deepselect"):
         _simulated("cuda", "sm100", "indexer_topk", "deepselect", _EXTRA)
-    finally:
-        backend._probed = None
     return calls
 
 
