@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from . import registry, selection
+from . import registry, selection, tensor_guard
 from .errors import InputError
 from .formats import ALL_LAYOUTS, Layout
 from .platform import thread_state
@@ -139,11 +139,12 @@ class Op:
         self.Args.__doc__ = f"Typed arguments of {spec.name} (what every implementation receives)."
         self.signature = inspect.Signature(_parameters(spec.args))
         self.bind = _generate(spec, "bind", "    return Args({values})", {"Args": self.Args})
-        self.structure = _structure_function(spec)
+        self.structure, self.guarded = _over_typed_args(spec)
         self.function = _generate(spec, spec.name, _FAST_PATH, {
             "Args": self.Args, "op": self, "fast": selection.fast_table(spec.name), "dispatch": selection.dispatch,
+            "recent": selection.recent_structures(spec.name), "RECENT": selection.RECENT,
             "thread": thread_state, "Tensor": torch.Tensor, "layout_of": ALL_LAYOUTS,
-            "new": tuple.__new__}, with_backend=True)
+            "new": tuple.__new__, **_absent_names(spec)}, with_backend=True)
         self.function.__doc__ = spec.doc
         self.function.__module__ = "dsv4ops"
 
@@ -192,51 +193,80 @@ def _parameters(args, with_backend: bool = False) -> list[inspect.Parameter]:
     return params
 
 
-# The public function's body. The structure key is looked up in the op's fast table (filled by
-# selection.dispatch); a hit runs the chosen implementation with no further Python checks, anything
-# else (a new structure, an argument that has none) goes through validation and selection.
+# The public function's body. A call whose arguments pass the compiled guard of one of the op's
+# recently dispatched structures runs that structure's implementation at once; otherwise its
+# structure key is looked up in the op's fast table (filled by selection.dispatch, a hit becomes
+# recent); anything else (a new structure, an argument that has none) goes through validation and
+# selection. ``scalars``: the non-tensor part of the key, which the guards do not see.
 _FAST_PATH = """\
+    run = None
     try:
-        key = (backend, thread.simulated, {structure})
-        run = fast.get(key)
+        scalars = (backend, thread.simulated, {scalars})
+        for guard, seen, hit in recent:
+            if seen == scalars and guard({guarded}):
+                run = hit
+                break
+        else:
+            key = (scalars, {structure})
+            entry = fast.get(key)
+            if entry is not None:
+                run = entry[2]
+                if entry[0] is not None:
+                    recent.insert(0, entry)
+                    del recent[RECENT:]
     except (TypeError, AttributeError, RuntimeError):
-        key = run = None
+        key = None
     if run is None:
         return dispatch(op, Args({values}), backend, key)
     return run(new(Args, ({normalized},)))"""
 
 
-def _structure_terms(spec: OpSpec, ref: Callable[[str], str]) -> list[str]:
-    """The structure key of a call, as expressions over the arguments: per tensor dtype, device index
-    (-1 for the CPU and meta; a process has one accelerator type), shape and strides; every other
-    value with its type."""
-    def meta(r: str) -> str:
-        return f"{r}.dtype, {r}.get_device(), {r}.shape, {r}.stride()"
+def _meta(r: str) -> str:
+    return f"{r}.dtype, {r}.get_device(), {r}.shape, {r}.stride()"
 
-    terms, first = [], True
+
+def _key_terms(spec: OpSpec, ref: Callable[[str], str]) -> tuple[list[str], list[str], list[str]]:
+    """A call's structure, as three lists of expressions over the arguments: ``scalars`` (every
+    non-tensor value with its type, and which optional tensors are present), ``structure`` (per tensor
+    its dtype, device index (-1 for the CPU and meta; a process has one accelerator type), shape and
+    strides) and ``guarded`` (the tensors a compiled guard checks instead of ``structure``; an absent
+    one at position i becomes ``absent{i}``, ``tensor_guard.absent(i)``)."""
+    scalars, structure, guarded = [], [], []
     for a in spec.args:
         r = ref(a.name)
         if a.type is torch.Tensor:
-            terms.append(meta(r))
-            first = False
+            structure.append(_meta(r))
+            guarded.append(r)
         elif a.type == Optional[torch.Tensor]:
-            terms.append(f"None if {r} is None else ({meta(r)})")
+            scalars.append(f"{r}.__class__")
+            structure.append(f"None if {r} is None else ({_meta(r)})")
+            guarded.append(f"absent{len(guarded)} if {r} is None else {r}")
         elif a.type == Scale:
-            terms.append(f"{r}.__class__, ({meta(r)}) if isinstance({r}, Tensor) else {r}")
+            scalars.append(f"{r}.__class__, None if isinstance({r}, Tensor) else {r}")
+            structure.append(f"({_meta(r)}) if isinstance({r}, Tensor) else None")
+            guarded.append(f"{r} if isinstance({r}, Tensor) else absent{len(guarded)}")
         elif a.type in (int, float, bool, Optional[int]):
-            terms.append(f"{r}.__class__, {r}")          # 16.0 == 16 and 0 == False, but not valid alike
+            scalars.append(f"{r}.__class__, {r}")         # 16.0 == 16 and 0 == False, but not valid alike
         else:
-            terms.append(r)
-    assert not first, f"{spec.name}: an op needs a required tensor argument (it fixes the device)"
-    return terms
+            scalars.append(r)
+    assert any(a.type is torch.Tensor for a in spec.args), \
+        f"{spec.name}: an op needs a required tensor argument (it fixes the device)"
+    return scalars, structure, guarded
 
 
-def _structure_function(spec: OpSpec) -> Callable:
-    """``structure(args)``: the structure key of typed args (what prepared calls compare)."""
-    source = f"def structure(a):\n    return ({', '.join(_structure_terms(spec, lambda n: 'a.' + n))},)\n"
-    namespace = {"Tensor": torch.Tensor}
+def _absent_names(spec: OpSpec) -> dict[str, torch.Tensor]:
+    return {f"absent{i}": tensor_guard.absent(i) for i in range(len(spec.args))}
+
+
+def _over_typed_args(spec: OpSpec) -> tuple[Callable, Callable]:
+    """``structure(a)``: the structure key of typed args ``a`` without the backend (what prepared
+    calls compare); ``guarded(a)``: the tensors a compiled guard of that structure checks."""
+    scalars, structure, guarded = _key_terms(spec, lambda n: "a." + n)
+    source = (f"def structure(a):\n    return (({', '.join(scalars)},), {', '.join(structure)})\n"
+              f"def guarded(a):\n    return ({', '.join(guarded)},)\n")
+    namespace = {"Tensor": torch.Tensor, **_absent_names(spec)}
     exec(compile(source, f"<dsv4ops op {spec.name} structure>", "exec"), namespace)
-    return namespace["structure"]
+    return namespace["structure"], namespace["guarded"]
 
 
 def _generate(spec: OpSpec, name: str, body: str, env: dict, with_backend: bool = False) -> Callable:
@@ -256,7 +286,8 @@ def _generate(spec: OpSpec, name: str, body: str, env: dict, with_backend: bool 
         params += ([] if star else ["*"]) + ["backend=None"]
     values = ", ".join(a.name for a in spec.args)
     normalized = ", ".join(f"layout_of.get({a.name}, {a.name})" if a.type is Layout else a.name for a in spec.args)
-    body = body.format(values=values, normalized=normalized, structure=", ".join(_structure_terms(spec, str)))
+    scalars, structure, guarded = (", ".join(terms) for terms in _key_terms(spec, str))
+    body = body.format(values=values, normalized=normalized, scalars=scalars, structure=structure, guarded=guarded)
     source = f"def {name}({', '.join(params)}):\n{body}\n"
     namespace = {**env, **defaults}
     exec(compile(source, f"<dsv4ops op {spec.name}>", "exec"), namespace)

@@ -3,7 +3,9 @@
 One structure key of a call (``Op.structure``, generated per op in opspec.py) serves every cache:
 per tensor its dtype, device, shape and strides, every other argument with its type. A call whose
 key was seen before goes straight to the implementation chosen then; validation runs again only
-where value checks apply (CPU tensors, or ``DSV4OPS_DEBUG=1``). Capability checks see the call's
+where value checks apply (CPU tensors, or ``DSV4OPS_DEBUG=1``). Before computing the key, the
+public function tries the compiled guards (``tensor_guard``) of the op's few most recently used
+structures: the same check at a fraction of the cost. Capability checks see the call's
 ``DispatchKey``, a coarser view, so every decision cached per key is the one ``decide`` would make.
 """
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import priorities, registry, settings, tuning_table, verify
+from . import priorities, registry, settings, tensor_guard, tuning_table, verify
 from .device_guard import bound_to
 from .errors import ConfigError, UnsupportedError
 from .platform import Platform, platform
@@ -192,19 +194,29 @@ def decide(call, backend: str | None = None, *, evaluate_all: bool = False) -> D
 # every call (accelerator tensors without DSV4OPS_DEBUG), the runner goes into the fast table.
 # Settings and registry changes empty every table.
 
+RECENT = 4                  # structures per op whose compiled guard a call tries before the key
+
 _fast_tables: dict[str, dict] = {}
+_recent: dict[str, list] = {}
 _decisions: dict[tuple, tuple] = {}
-_lock = threading.Lock()
+_lock = threading.RLock()
 
 
 def fast_table(op_name: str) -> dict:
-    """The structure key -> runner table of one op (the generated public function holds it)."""
+    """One op's structure key -> ``(guard, scalars, runner)`` table (the generated public function
+    holds it); only structures whose calls may skip validation are in it."""
     return _fast_tables.setdefault(op_name, {})
+
+
+def recent_structures(op_name: str) -> list:
+    """The op's most recently used fast-table entries, newest first, at most ``RECENT`` (the
+    generated public function tries their guards before it computes the structure key)."""
+    return _recent.setdefault(op_name, [])
 
 
 def clear_cache() -> None:
     with _lock:
-        for table in _fast_tables.values():
+        for table in (*_fast_tables.values(), *_recent.values()):
             table.clear()
         _decisions.clear()
 
@@ -247,12 +259,18 @@ def dispatch(op, args, backend: str | None, key: tuple | None = None) -> Any:
     if cached is None:
         run = runner(choose(call, backend), call.device)
         if key is not None:
+            fast = skips_validation(call.device)
+            guard = tensor_guard.guard_for(op.guarded(args)) if fast else None
             with _lock:
                 if len(_decisions) >= _MAX_CACHED:
-                    _decisions.clear()
+                    clear_cache()
                 _decisions[(op.name, key)] = (run,)
-                if skips_validation(call.device):
-                    fast_table(op.name)[key] = run
+                if fast:
+                    entry = fast_table(op.name)[key] = (guard, key[0], run)
+                    if guard is not None:
+                        recent = recent_structures(op.name)
+                        recent.insert(0, entry)
+                        del recent[RECENT:]
     else:
         run, = cached
     return run(call.args)

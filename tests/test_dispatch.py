@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dsv4ops
-from dsv4ops import registry, selection, settings
+from dsv4ops import tensor_guard, registry, selection, settings
 from dsv4ops.backend_support import arch_in
 from dsv4ops.conformance import inputs
 from dsv4ops.registry import Backend, register_backend, unregister_backend
@@ -173,18 +173,36 @@ def test_import_loads_no_vendor_library():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_fast_path_skips_validation_only_for_known_structures(env, fakes, monkeypatch):
+@pytest.fixture(params=["compiled guards", "structure key only"])
+def fast_path(request, monkeypatch):
+    """CPU calls treated as accelerator calls (they may skip validation), with the compiled tensor
+    guards in use or, as where the private API is missing, the Python structure key alone."""
+    if request.param == "compiled guards" and not tensor_guard.AVAILABLE:
+        pytest.skip("this torch has no usable TensorGuards (the other parametrization covers the fallback)")
+    monkeypatch.setattr(tensor_guard, "AVAILABLE", request.param == "compiled guards")
+    monkeypatch.setattr(selection, "skips_validation", lambda device: not settings.current().debug)
+    selection.clear_cache()
+    yield request.param
+    selection.clear_cache()
+
+
+def counting_validations(monkeypatch, op_name: str) -> list:
+    from dsv4ops.ops import OPS
+    validated = []
+    real = OPS[op_name].validate
+    monkeypatch.setattr(OPS[op_name], "validate", lambda args: validated.append(1) or real(args))
+    return validated
+
+
+def test_fast_path_skips_validation_only_for_known_structures(env, fakes, monkeypatch, fast_path):
     """On accelerators a structure seen before skips validation and selection; anything new
     (shape, dtype, a scalar's type, backend setting) goes through both again."""
-    from dsv4ops.ops import OPS
-    monkeypatch.setattr(selection, "skips_validation", lambda device: not settings.current().debug)  # CPU as a GPU
-    validated = []
-    real = OPS["indexer_topk"].validate
-    monkeypatch.setattr(OPS["indexer_topk"], "validate", lambda args: validated.append(1) or real(args))
+    validated = counting_validations(monkeypatch, "indexer_topk")
     kw = topk_args()
     for _ in range(3):
         dsv4ops.indexer_topk(**kw)
     assert len(validated) == 1 and fakes == ["fast"] * 3
+    assert len(selection.recent_structures("indexer_topk")) == (fast_path == "compiled guards")
     dsv4ops.indexer_topk(**{**kw, "k": 32})                     # new structure: validated, other backend
     assert len(validated) == 2 and fakes[-1] == "slow"
     with pytest.raises(dsv4ops.InputError, match="'k'"):
@@ -201,6 +219,30 @@ def test_fast_path_skips_validation_only_for_known_structures(env, fakes, monkey
     dsv4ops.indexer_topk(**kw)
     dsv4ops.indexer_topk(**kw)
     assert len(validated) == 8                                   # debug: always validated
+
+
+def test_fast_path_many_structures_in_turn(fakes, monkeypatch, fast_path):
+    """More structures than the recent-guard list holds, called in turn (layers of different kinds),
+    some with one tensor passed for two arguments (which the compiled guard refuses), optional
+    tensors present and absent: each call gets its own structure's decision, each structure is
+    validated once, and a value change the structure does not see is not re-validated."""
+    base = topk_args()
+    shared = torch.zeros(4, dtype=torch.int32)
+    variants = [dict(base, k=k) for k in (4, 8, 16, 32)]                 # k > 16: only 'slow' serves it
+    variants += [dict(base, logits=torch.randn(4, width)) for width in (72, 88, 104)]
+    variants += [dict(base, row_starts=shared, row_ends=torch.full((4,), 40, dtype=torch.int32)),
+                 dict(base, row_starts=shared, row_ends=shared + 40)]    # both: the structure of k=8
+    variants.append(dict(base, row_starts=None, row_ends=None, seq_lens=torch.full((4,), 60, dtype=torch.int32)))
+    assert len(variants) > selection.RECENT
+    expected = [dsv4ops.reference.indexer_topk(**kw) for kw in variants]
+    validated = counting_validations(monkeypatch, "indexer_topk")
+    for round_ in range(3):
+        for i, kw in enumerate(variants):
+            fakes.clear()
+            got = dsv4ops.indexer_topk(**kw)
+            assert fakes == ["slow" if kw["k"] > 16 else "fast"], (round_, i)
+            assert torch.equal(got, expected[i]), (round_, i)
+    assert len(validated) == len(variants) - 2                           # once per structure
 
 
 def test_settings_are_a_snapshot(monkeypatch, fakes):
