@@ -66,6 +66,23 @@ def production_cases() -> list[Case]:
     ]
 
 
+def step_cases(T: int = 64, H: int = 64, context: int = 4096) -> list[Case]:
+    """The calls of one C4 decode step as ``dsv4ops.examples.decode_step`` makes them (``T`` requests
+    of one token, ``H`` heads, ``context`` tokens: a quarter of them compressed entries the indexer
+    scores), so that ``dsv4ops tune --shapes step`` measures exactly the step's shape buckets."""
+    c = lambda op, **kw: make_case(op, "full", **kw)
+    compressed = context // 4
+    return [
+        c("qnorm_rope_kv_insert", T=T, H=H, layout="fp8_ds_mla", block_size=64, num_blocks=8),
+        c("paged_mqa_logits", B=T, next_n=1, context=compressed, H=64, block_size=64),
+        c("indexer_topk", R=T, W=compressed, k=512, mode="decode2d"),
+        c("sparse_mla_decode", T=T, H=H, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64,
+          lens="full", need_lse=False),
+        c("inv_rope_fp8_quant", T=T, H=H, n_groups=H // 8),
+        c("fp8_einsum", B=T, H=H // 8, D=1024, R=4096),
+    ]
+
+
 def sweep_cases() -> list[Case]:
     c = lambda op, **kw: make_case(op, "full", **kw)
     out = [c("sparse_mla_decode", T=T, H=H, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64,
@@ -79,6 +96,9 @@ def sweep_cases() -> list[Case]:
     out += [c("mqa_logits", T=T, S=S, H=64, ranges=r) for T, S in ((1024, 8192), (4096, 32768), (8192, 65536))
             for r in ("causal", "requests")]
     return out
+
+
+SHAPE_SETS = {"production": production_cases, "sweep": sweep_cases, "step": step_cases}
 
 
 def _nbytes(*tensors) -> int:
@@ -424,7 +444,7 @@ def main(args) -> int:
     if args.tiny:
         case_list = [make_case(op, "quick", **params) for op, params in TINY.items()]
     else:
-        case_list = production_cases() if args.shapes == "production" else sweep_cases()
+        case_list = SHAPE_SETS[args.shapes]()
     case_list = [c for c in case_list if c.op in args.ops]
     on_gpu = device.type == "cuda"
     if args.overhead:

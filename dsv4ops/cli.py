@@ -212,8 +212,9 @@ def main(argv=None) -> int:
     bench = command("bench", "time every available backend side by side")
     bench.add_argument("--ops", help="comma-separated ops (default: all)")
     bench.add_argument("--backends", help="comma-separated backends (default: every registered one but reference)")
-    bench.add_argument("--shapes", choices=("production", "sweep"), default="production",
-                       help="production: the V4 serving shapes; sweep: the tuning sweeps")
+    bench.add_argument("--shapes", choices=("production", "sweep", "step"), default="production",
+                       help="production: the V4 serving shapes; sweep: the tuning sweeps; step: the calls of "
+                            "one C4 decode step (dsv4ops.examples.decode_step, 64 requests, 4K context)")
     bench.add_argument("--json", help="write the timings to this JSON file")
     bench.add_argument("--plot", metavar="PREFIX", help="write PREFIX<op>.png per op")
     bench.add_argument("--tiny", action="store_true", help="one tiny case per op (a smoke run, CPU included)")
@@ -224,7 +225,7 @@ def main(argv=None) -> int:
                            "table dispatch consults (DSV4OPS_TUNING_TABLE)")
     tune.add_argument("--ops", help="comma-separated ops (default: all)")
     tune.add_argument("--backends", help="comma-separated backends (default: every registered one but reference)")
-    tune.add_argument("--shapes", choices=("production", "sweep", "all"), default="all",
+    tune.add_argument("--shapes", choices=("production", "sweep", "step", "all"), default="all",
                       help="which shape set to measure (see bench --shapes)")
     tune.add_argument("--out", required=True, help="the table to write (JSON)")
     tune.set_defaults(fn=cmd_tune)

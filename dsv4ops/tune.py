@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 
 from . import ops, tuning_table
-from .bench import Timing, bench, production_cases, sweep_cases
+from .bench import SHAPE_SETS, Timing, bench
 from .conformance.cases import Case
 from .platform import platform
 
@@ -44,8 +44,8 @@ def main(args) -> int:
     if device.type == "cpu":
         print("dsv4ops tune: no accelerator here; timings on the CPU (the interpreter) would choose nothing useful")
         return 2
-    case_list = {"production": production_cases, "sweep": sweep_cases,
-                 "all": lambda: production_cases() + sweep_cases()}[args.shapes]()
+    sets = [args.shapes] if args.shapes != "all" else list(SHAPE_SETS)
+    case_list = [case for name in sets for case in SHAPE_SETS[name]()]
     case_list = [c for c in case_list if c.op in args.ops]
     rows = bench(case_list, args.backends, device, None)
     entries = entries_from(case_list, rows, device)

@@ -4,8 +4,8 @@ import json
 
 import torch
 
-from dsv4ops import OP_NAMES
-from dsv4ops.bench import cost, production_cases, sweep_cases
+from dsv4ops import OP_NAMES, ops, tuning_table
+from dsv4ops.bench import SHAPE_SETS, cost, step_cases
 from dsv4ops.cli import main
 
 
@@ -48,7 +48,32 @@ def test_cost_model_prefill():
 
 
 def test_shape_lists_are_valid_cases():
-    assert all(c.op for c in production_cases() + sweep_cases())
+    assert all(c.op for cases in SHAPE_SETS.values() for c in cases())
+
+
+def test_step_shapes_are_the_decode_steps_calls(monkeypatch):
+    """``tune --shapes step`` measures exactly the tuning-table slots (op, bucket, size class) the
+    decode-step example dispatches: recorded from a real run of the example (smaller, same form)."""
+    from dsv4ops.examples import decode_step
+
+    def slot(op_name, call):
+        return op_name, tuning_table.bucket(call.key), call.key.size_class
+
+    dispatched = set()
+
+    def recording(name, validate):
+        def record(args):
+            call = validate(args)
+            dispatched.add(slot(name, call))
+            return call
+        return record
+
+    for name, op in ops.OPS.items():
+        monkeypatch.setattr(op, "validate", recording(name, op.validate))
+    decode_step.run_step(decode_step.make_layer(T=4, H=64, context=256), "reference")
+    monkeypatch.undo()
+    measured = {slot(c.op, ops.OPS[c.op].validate_call(**c.build("cpu", seed=0))) for c in step_cases(4, 64, 256)}
+    assert len(dispatched) == 6 and dispatched == measured
 
 
 def test_cost_model_mqa_logits():

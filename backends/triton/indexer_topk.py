@@ -4,7 +4,8 @@ A program selects the k largest of a set of positions and writes them (ties as m
 column order), then -1 up to k. Two ways to find the k-th largest key, chosen at compile time:
 
 - resident (the set fits one block, ``topk_resident`` columns): the keys are loaded once and stay
-  in registers; 32 bisection steps over the key bits, each a block reduction (no atomics), find it.
+  in registers; 32 / ``topk_radix_bits`` steps over the key bits, each one block reduction (no
+  atomics), find it.
 - streamed (larger sets): 4 passes of an 8-bit histogram over the positions, block by block.
 
 A row is split into pieces, one program each, when it is longer than a resident block or when
@@ -64,14 +65,31 @@ def _candidates(src, stride_c, cand_row, p, lo, hi, GATHER: tl.constexpr):
 
 
 @triton.jit
-def _kth_largest(key, live, want):
-    """The ``want``-th largest of the live keys (all ones when ``want`` is 0), bit by bit from the
-    top: keep a bit when at least ``want`` live keys are >= the candidate with it set."""
+def _kth_largest(key, live, want, BITS: tl.constexpr):
+    """The ``want``-th largest of the live keys (all ones when ``want`` is 0), ``BITS`` bits per step
+    from the top: the step's digit is the largest ``j`` with at least ``want`` live keys >= the
+    threshold so far with digit ``j``. The 2**BITS - 1 counts of a step come from one block reduction:
+    16-bit fields packed four to an int64 (a block holds fewer than 65536 keys)."""
+    FIELDS: tl.constexpr = (1 << BITS) - 1
+    WORDS: tl.constexpr = (FIELDS + 3) // 4
+    ONES = tl.full((), 0x0001000100010001, tl.int64)
+    word = tl.arange(0, WORDS)[:, None]
+    digits = tl.arange(0, 1 << BITS)
     threshold = tl.zeros((), tl.uint32)
-    for bit in tl.static_range(32):
-        trial = threshold | (tl.full((), 1, tl.uint32) << (31 - bit))
-        count = tl.sum((live & (key >= trial)).to(tl.int32), axis=0)
-        threshold = tl.where(count >= want, trial, threshold)
+    for step in tl.static_range(32 // BITS):
+        shift = 32 - BITS * (step + 1)
+        digit = ((key >> shift) & FIELDS).to(tl.int32)
+        if step > 0:                             # keys above the threshold's prefix count for every digit
+            digit = tl.where((key >> (shift + BITS)) > (threshold >> (shift + BITS)), FIELDS, digit)
+        digit = tl.where(live & (key >= threshold), digit, 0)
+        fields = tl.minimum(tl.maximum(digit[None, :] - 4 * word, 0), 4)       # of this word's four digits
+        packed = tl.where(fields > 0, ONES >> (16 * (4 - tl.maximum(fields, 1))), 0)
+        totals = tl.sum(packed, axis=1)          # word w, field f: keys with digit >= 4w + f + 1
+        field = tl.maximum(digits - 1, 0)
+        at_least = tl.sum(tl.where(field[:, None] // 4 == tl.arange(0, WORDS)[None, :],
+                                   (totals[None, :] >> (16 * (field[:, None] % 4))) & 0xFFFF, 0), axis=1)
+        chosen = tl.max(tl.where((digits > 0) & (at_least >= want), digits, 0), axis=0)
+        threshold = threshold | (chosen.to(tl.uint32) << shift)
     return threshold
 
 
@@ -80,7 +98,7 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
                          next_n, cand_ptr,
                          n_cand, out_ptr, out_stride, k, chunk,
                          MODE: tl.constexpr, GATHER: tl.constexpr, LOCAL: tl.constexpr, BLOCK: tl.constexpr,
-                         RESIDENT: tl.constexpr):
+                         RESIDENT: tl.constexpr, RADIX_BITS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
@@ -98,7 +116,7 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
     if RESIDENT:                                 # hi - lo <= BLOCK: one load, selection in registers
         col, live, key = _candidates(src, stride_c, cand_row, lo + tl.arange(0, BLOCK), lo, hi, GATHER)
         want = tl.minimum(tl.sum(live.to(tl.int32), axis=0), k)
-        threshold = _kth_largest(key, live, want)
+        threshold = _kth_largest(key, live, want, RADIX_BITS)
         above = live & (key > threshold)
         written = tl.sum(above.to(tl.int32), axis=0)
         tl.store(dst + tl.cumsum(above.to(tl.int32), axis=0) - 1, (col - base).to(tl.int32), mask=above)
@@ -189,4 +207,5 @@ def _launch(rows, mode, tune, k, grid, cand, n_cand, out, out_stride, chunk, spa
     block = triton.next_power_of_2(max(span, 16)) if resident else tune.topk_block
     warps = min(max(block // 1024, 4), 16) if resident else tune.topk_warps
     _indexer_topk_kernel[grid](*rows, cand, n_cand, out, out_stride, k, chunk, MODE=mode, GATHER=gather,
-                               LOCAL=local, BLOCK=block, RESIDENT=resident, num_warps=warps)
+                               LOCAL=local, BLOCK=block, RESIDENT=resident,
+                               RADIX_BITS=tune.topk_radix_bits, num_warps=warps)
