@@ -1,34 +1,39 @@
 #!/usr/bin/env bash
-# Sweep the Triton einsum / top-k / logits / prefill tunables on the production shapes (after docs/gpu_run.sh
-# installed the wheels): PYTHONPATH=/tmp/site bash docs/perf/sweep_tunables.sh LOG
-log=${1:-/tmp/sweep_tunables.txt}
+# Sweep the Triton einsum / top-k / logits / prefill / mqa / insert tunables on the production shapes (after
+# docs/gpu_run.sh installed the wheels): PYTHONPATH=/tmp/site bash docs/perf/sweep_tunables.sh LOG [SECTION...]
+# (sections: einsum topk logits prefill mqa insert; default all).
+log=${1:-/tmp/sweep_tunables.txt}; shift
+sections=" ${*:-einsum topk logits prefill mqa insert} "
+want() { [[ "$sections" == *" $1 "* ]]; }
 run() {  # op, config
   echo "== $1 $2" | tee -a "$log"
   DSV4OPS_TRITON_TUNING=$2 timeout 150 python3 -m dsv4ops.cli bench --ops "$1" --backends triton 2>&1 \
     | grep -E " us |Error|wrong" | tee -a "$log"
 }
-for c in einsum_block_m=64,einsum_block_n=128,einsum_warps=4,einsum_stages=4 \
+want einsum && for c in einsum_block_m=64,einsum_block_n=128,einsum_warps=4,einsum_stages=4 \
          einsum_block_m=128,einsum_block_n=128,einsum_warps=8,einsum_stages=3 \
          einsum_block_m=128,einsum_block_n=128,einsum_warps=4,einsum_stages=3 \
          einsum_block_m=128,einsum_block_n=256,einsum_warps=8,einsum_stages=3 \
          einsum_block_m=64,einsum_block_n=256,einsum_warps=8,einsum_stages=3 \
          einsum_block_m=64,einsum_block_n=128,einsum_warps=4,einsum_stages=3; do run fp8_einsum $c; done
-for c in topk_block=2048,topk_warps=8 topk_block=4096,topk_warps=16 topk_block=8192,topk_warps=16 \
-         topk_block=4096,topk_warps=8 topk_block=1024,topk_warps=4; do run indexer_topk $c; done
-for c in logits_block_t=64,logits_warps=4 logits_block_t=128,logits_warps=4 logits_block_t=128,logits_warps=8 \
-         logits_block_t=32,logits_warps=4 logits_block_t=64,logits_warps=8; do run paged_mqa_logits $c; done
+# top-k: key bits decided per block reduction x the longest resident piece (rows split to fill the GPU)
+want topk && for bits in 1 2 4; do for res in 16384 8192 4096; do
+  run indexer_topk topk_radix_bits=$bits,topk_resident=$res,topk_min_piece=2048; done; done
+want logits && for c in logits_block_t=64,logits_warps=4 logits_block_t=128,logits_warps=4 \
+         logits_block_t=128,logits_warps=8 logits_block_t=256,logits_warps=8 logits_block_t=64,logits_warps=8; \
+         do run paged_mqa_logits $c; done
 # sparse_mla_prefill (production cases: T=4096, 128 heads 128+1024 and 64 heads 128+512; FlashMLA 2212 / 746 us
 # over its workspace alone): heads per program x rows per step x warps x stages. Compiled offline for sm90, every
 # setting uses 255 registers and spills (the [64, 512] fp32 accumulator alone takes 128 per thread at 8 warps);
 # 64,64,* spills the most, 32,32,4 leaves room for two programs per SM.
-for c in 64,32,8,1 64,32,8,2 64,16,8,1 64,64,8,1 32,32,4,1; do
+want prefill && for c in 64,32,8,1 64,32,8,2 64,16,8,1 64,64,8,1 32,32,4,1; do
   IFS=, read -r h k w s <<< "$c"
   run sparse_mla_prefill prefill_block_h=$h,prefill_block_k=$k,prefill_warps=$w,prefill_stages=$s
 done
 # mqa_logits (production case T=4096, S=32768 causal): query rows x keys per dot x keys per program x warps x
 # stages. Compiled offline for sm90: 2,128,*,8,3 uses 221 registers (255 with clean) without spills; 2,128 at 4
 # warps and 4,64 at 8 warps spill.
-for c in 2,128,2048,8,3 2,128,2048,8,2 2,128,512,8,3 2,128,8192,8,3 2,64,2048,8,3 2,64,2048,4,3 1,128,2048,4,3; do
+want mqa && for c in 2,128,2048,8,3 2,128,2048,8,2 2,128,512,8,3 2,128,8192,8,3 2,64,2048,8,3 2,64,2048,4,3 1,128,2048,4,3; do
   IFS=, read -r q s n w st <<< "$c"
   run mqa_logits mqa_block_q=$q,mqa_block_s=$s,mqa_chunk_s=$n,mqa_warps=$w,mqa_stages=$st
 done
