@@ -1,5 +1,7 @@
-"""Triton op 1: one launch, grid (T, H + 1). Programs h < H normalize + rope one query head;
-program h == H ropes, quantizes and inserts token t's KV row (if its slot is >= 0)."""
+"""Triton op 1 (docs/ops.md §1): one launch, grid (T, G + 1) with G = cdiv(H, HEADS). Program (t, g < G)
+reads HEADS bf16 query rows [HEADS, 512] once, normalizes them, rotates the RoPE pairs in registers
+and writes each row with one store (bf16, or fp8 for fp8_per_tensor); program (t, G) ropes, quantizes
+and inserts token t's KV row (if its slot is >= 0)."""
 from __future__ import annotations
 
 import torch
@@ -14,7 +16,6 @@ from .common import ceil_log2, exp2_int, load_scalar, scalar_arg
 from .tuning import tuning
 
 
-
 @triton.jit
 def _rope(e, o, cos, sin):
     return e * cos - o * sin, e * sin + o * cos
@@ -25,40 +26,40 @@ def _qnorm_rope_kv_insert_kernel(
     q_ptr, kv_ptr, kv_stride, pos_ptr, pos_stride, cs_ptr, cache_ptr, slot_ptr, slot_stride, out_ptr, n_kv, H, eps,
     kv_scale, q_scale, block_size, page_bytes,
     LAYOUT: tl.constexpr, FNUZ: tl.constexpr, KV_SCALE_PTR: tl.constexpr, Q_SCALE_PTR: tl.constexpr,
-    FP8_MAX: tl.constexpr,
+    FP8_MAX: tl.constexpr, HEADS: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    i = tl.arange(0, 32)
+    g = tl.program_id(1)
     pos = tl.load(pos_ptr + t * pos_stride)
-    cos = tl.load(cs_ptr + pos * 64 + i)
-    sin = tl.load(cs_ptr + pos * 64 + 32 + i)
     fp8: tl.constexpr = tl.float8e4b8 if FNUZ else tl.float8e4nv
-    if h < H:
-        row = q_ptr + (t * H + h) * 512
+    if g < tl.cdiv(H, HEADS):
+        h = g * HEADS + tl.arange(0, HEADS)
+        live = (h < H)[:, None]
         d = tl.arange(0, 512)
-        x = tl.load(row + d).to(tl.float32)
-        r = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / 512 + eps)
-        e = tl.load(row + 448 + 2 * i).to(tl.float32) * r
-        o = tl.load(row + 449 + 2 * i).to(tl.float32) * r
+        rows = (t * H + h.to(tl.int64))[:, None] * 512 + d[None, :]
+        x = tl.load(q_ptr + rows, mask=live, other=0.0).to(tl.float32)
+        r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / 512 + eps)
+        e, o = tl.split(tl.reshape(x * r[:, None], (HEADS, 256, 2)))
+        pair = tl.arange(0, 256)
+        if LAYOUT != 2:       # [HEADS, 256] cos/sin share the bf16 rows' registers; fp8 rows (laid out for
+                              # their store) shuffle a [256] vector more cheaply than the rows
+            pair = tl.broadcast_to(pair[None, :], (HEADS, 256))
+        rope = pair >= 224
+        cos = tl.load(cs_ptr + pos * 64 + pair - 224, mask=rope, other=0.0)
+        sin = tl.load(cs_ptr + pos * 64 + pair - 192, mask=rope, other=0.0)
         e2, o2 = _rope(e, o, cos, sin)
-        dst = out_ptr + (t * H + h) * 512
-        nope = d < 448
+        y = tl.reshape(tl.join(tl.where(rope, e2, e), tl.where(rope, o2, o)), (HEADS, 512)).to(tl.bfloat16)
         if LAYOUT == 2:       # Layout.FP8_PER_TENSOR: fp8 q' = sat(bf16(q') / q_scale); q itself untouched
             qs = load_scalar(q_scale, Q_SCALE_PTR)
-            y = (x * r).to(tl.bfloat16).to(tl.float32) / qs
-            tl.store(dst + d, tl.clamp(y, -FP8_MAX, FP8_MAX).to(tl.float8e4nv), mask=nope)
-            e3 = tl.clamp(e2.to(tl.bfloat16).to(tl.float32) / qs, -FP8_MAX, FP8_MAX)
-            o3 = tl.clamp(o2.to(tl.bfloat16).to(tl.float32) / qs, -FP8_MAX, FP8_MAX)
-            tl.store(dst + 448 + 2 * i, e3.to(tl.float8e4nv))
-            tl.store(dst + 449 + 2 * i, o3.to(tl.float8e4nv))
+            tl.store(out_ptr + rows, tl.clamp(y.to(tl.float32) / qs, -FP8_MAX, FP8_MAX).to(tl.float8e4nv), mask=live)
         else:
-            tl.store(dst + d, (x * r).to(tl.bfloat16), mask=nope)
-            tl.store(dst + 448 + 2 * i, e2.to(tl.bfloat16))
-            tl.store(dst + 449 + 2 * i, o2.to(tl.bfloat16))
+            tl.store(out_ptr + rows, y, mask=live)
     elif t < n_kv:
         slot = tl.load(slot_ptr + t * slot_stride)
         if slot >= 0:
+            i = tl.arange(0, 32)
+            cos = tl.load(cs_ptr + pos * 64 + i)
+            sin = tl.load(cs_ptr + pos * 64 + 32 + i)
             src = kv_ptr + t * kv_stride
             e, o = _rope(tl.load(src + 448 + 2 * i).to(tl.float32), tl.load(src + 449 + 2 * i).to(tl.float32), cos, sin)
             e = e.to(tl.bfloat16)
@@ -108,12 +109,13 @@ def qnorm_rope_kv_insert(a):
     ks, ks_ptr = scalar_arg(a.kv_scale)
     qs, qs_ptr = scalar_arg(a.q_scale)
     page_bytes = layout.page_bytes(a.block_size) if layout.is_ds_mla else 0
-    _qnorm_rope_kv_insert_kernel[(T, H + 1)](
+    tune = tuning(platform(a.q.device))
+    heads = min(tune.insert_heads, triton.next_power_of_2(H))
+    _qnorm_rope_kv_insert_kernel[(T, triton.cdiv(H, heads) + 1)](
         a.q, a.kv, a.kv.stride(0), a.positions, a.positions.stride(0), a.cos_sin_cache, a.kv_cache, a.slot_mapping,
         a.slot_mapping.stride(0), out, a.slot_mapping.shape[0], H,
         a.eps, ks, qs, a.block_size, page_bytes,
         LAYOUT=layout.kind, FNUZ=layout.fp8_flavour == "fnuz", KV_SCALE_PTR=ks_ptr, Q_SCALE_PTR=qs_ptr,
-        FP8_MAX=FP8_MAX[layout.fp8_flavour or "ocp"],
-        num_warps=tuning(platform(a.q.device)).insert_warps,
+        FP8_MAX=FP8_MAX[layout.fp8_flavour or "ocp"], HEADS=heads, num_warps=tune.insert_warps,
     )
     return out
