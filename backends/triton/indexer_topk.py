@@ -4,8 +4,8 @@ A program selects the k largest of a set of positions and writes them (ties as m
 column order), then -1 up to k. Two ways to find the k-th largest key, chosen at compile time:
 
 - resident (the set fits one block, ``topk_resident`` columns): the keys are loaded once and stay
-  in registers; 32 / ``topk_radix_bits`` steps over the key bits, each one block reduction (no
-  atomics), find it.
+  in registers; 32 / ``topk_radix_bits`` steps over the key bits find it (bisection with one block
+  reduction per step, or a small histogram of the next digit per step).
 - streamed (larger sets): 4 passes of an 8-bit histogram over the positions, block by block.
 
 A row is split into pieces, one program each, when it is longer than a resident block or when
@@ -65,31 +65,40 @@ def _candidates(src, stride_c, cand_row, p, lo, hi, GATHER: tl.constexpr):
 
 
 @triton.jit
+def _next_digit(hist, remaining, BINS: tl.constexpr):
+    """Radix step: the largest digit whose keys, with those of every larger digit, number at least
+    ``remaining`` (all counted in ``hist``); and how many of the wanted keys are still to be found
+    among the keys with that digit."""
+    digits = tl.arange(0, BINS)
+    at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+    chosen = tl.max(tl.where(at_or_above >= remaining, digits, 0), axis=0)
+    return chosen, remaining - tl.sum(tl.where(digits > chosen, hist, 0), axis=0)
+
+
+@triton.jit
 def _kth_largest(key, live, want, BITS: tl.constexpr):
     """The ``want``-th largest of the live keys (all ones when ``want`` is 0), ``BITS`` bits per step
-    from the top: the step's digit is the largest ``j`` with at least ``want`` live keys >= the
-    threshold so far with digit ``j``. The 2**BITS - 1 counts of a step come from one block reduction:
-    16-bit fields packed four to an int64 (a block holds fewer than 65536 keys)."""
-    FIELDS: tl.constexpr = (1 << BITS) - 1
-    WORDS: tl.constexpr = (FIELDS + 3) // 4
-    ONES = tl.full((), 0x0001000100010001, tl.int64)
-    word = tl.arange(0, WORDS)[:, None]
-    digits = tl.arange(0, 1 << BITS)
-    threshold = tl.zeros((), tl.uint32)
-    for step in tl.static_range(32 // BITS):
-        shift = 32 - BITS * (step + 1)
-        digit = ((key >> shift) & FIELDS).to(tl.int32)
-        if step > 0:                             # keys above the threshold's prefix count for every digit
-            digit = tl.where((key >> (shift + BITS)) > (threshold >> (shift + BITS)), FIELDS, digit)
-        digit = tl.where(live & (key >= threshold), digit, 0)
-        fields = tl.minimum(tl.maximum(digit[None, :] - 4 * word, 0), 4)       # of this word's four digits
-        packed = tl.where(fields > 0, ONES >> (16 * (4 - tl.maximum(fields, 1))), 0)
-        totals = tl.sum(packed, axis=1)          # word w, field f: keys with digit >= 4w + f + 1
-        field = tl.maximum(digits - 1, 0)
-        at_least = tl.sum(tl.where(field[:, None] // 4 == tl.arange(0, WORDS)[None, :],
-                                   (totals[None, :] >> (16 * (field[:, None] % 4))) & 0xFFFF, 0), axis=1)
-        chosen = tl.max(tl.where((digits > 0) & (at_least >= want), digits, 0), axis=0)
-        threshold = threshold | (chosen.to(tl.uint32) << shift)
+    from the top. One bit: bisection, one block reduction per step (keep a bit when at least ``want``
+    live keys are >= the candidate with it set). More: a ``2**BITS``-bin histogram of the digit of
+    the keys that share the prefix found so far, per step."""
+    if BITS == 1:
+        threshold = tl.zeros((), tl.uint32)
+        for bit in tl.static_range(32):
+            trial = threshold | (tl.full((), 1, tl.uint32) << (31 - bit))
+            count = tl.sum((live & (key >= trial)).to(tl.int32), axis=0)
+            threshold = tl.where(count >= want, trial, threshold)
+    else:
+        prefix = tl.zeros((), tl.uint32)
+        remaining = want
+        for step in tl.static_range(32 // BITS):
+            shift = 32 - BITS * (step + 1)
+            match = live
+            if step > 0:
+                match = live & ((key >> (shift + BITS)) == prefix)
+            hist = tl.histogram(((key >> shift) & ((1 << BITS) - 1)).to(tl.int32), 1 << BITS, mask=match)
+            chosen, remaining = _next_digit(hist, remaining, 1 << BITS)
+            prefix = (prefix << BITS) | chosen.to(tl.uint32)
+        threshold = prefix
     return threshold
 
 
@@ -124,7 +133,6 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
         rank = tl.cumsum(tie.to(tl.int32), axis=0) - 1
         tl.store(dst + written + rank, (col - base).to(tl.int32), mask=tie & (rank < want - written))
     else:
-        digits = tl.arange(0, 256)
         prefix = tl.zeros((), tl.uint32)
         remaining = 0
         want = 0
@@ -139,9 +147,7 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
             if p == 0:
                 want = tl.minimum(tl.sum(hist, axis=0), k)     # valid positions, at most k
                 remaining = want
-            at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-            chosen = tl.max(tl.where(at_or_above >= remaining, digits, 0), axis=0)
-            remaining -= tl.sum(tl.where(digits > chosen, hist, 0), axis=0)
+            chosen, remaining = _next_digit(hist, remaining, 256)
             prefix = (prefix << 8) | chosen.to(tl.uint32)
         # prefix is the want-th largest key; `remaining` ties with it are still to be taken.
         written = 0

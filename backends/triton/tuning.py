@@ -40,7 +40,7 @@ class Tuning:
     topk_warps: int = 8
     topk_resident: int = 32768      # the most positions a program selects from in registers
     topk_min_piece: int = 4096      # shortest piece a row is split into to fill the GPU
-    topk_radix_bits: int = 4        # key bits a resident selection step decides (1, 2 or 4)
+    topk_radix_bits: int = 1        # key bits a resident selection step decides (1: bisection; 2, 4, 8: histogram)
     insert_heads: int = 4           # query heads per qnorm_rope_kv_insert program
     insert_warps: int = 4
     inv_rope_heads: int = 4         # heads per inv_rope_fp8_quant program
@@ -82,7 +82,7 @@ def _allowed(name: str, value: int) -> str | None:
     if name.endswith("_warps"):
         return None if power_of_two and value <= 32 else "a power of two from 1 to 32"
     if name == "topk_radix_bits":
-        return None if value in (1, 2, 4) else "1, 2 or 4"
+        return None if value in (1, 2, 4, 8) else "1, 2, 4 or 8"
     if name.endswith(("_stages", "_waves")):
         return None if value >= 1 else "at least 1"
     minimum = 16 if name in _DOT_OPERANDS else 1

@@ -37,3 +37,8 @@ want mqa && for c in 2,128,2048,8,3 2,128,2048,8,2 2,128,512,8,3 2,128,8192,8,3 
   IFS=, read -r q s n w st <<< "$c"
   run mqa_logits mqa_block_q=$q,mqa_block_s=$s,mqa_chunk_s=$n,mqa_warps=$w,mqa_stages=$st
 done
+# qnorm_rope_kv_insert (T=128, H=64 / 128): query heads per program x warps
+want insert && for c in 1,4 2,2 2,4 4,2 4,4 4,8 8,4 8,8 16,8; do
+  IFS=, read -r h w <<< "$c"
+  run qnorm_rope_kv_insert insert_heads=$h,insert_warps=$w
+done
