@@ -4,8 +4,7 @@ A program selects the k largest of a set of positions and writes them (ties as m
 column order), then -1 up to k. Two ways to find the k-th largest key, chosen at compile time:
 
 - resident (the set fits one block, ``topk_resident`` columns): the keys are loaded once and stay
-  in registers; 32 / ``topk_radix_bits`` steps over the key bits find it (bisection with one block
-  reduction per step, or a small histogram of the next digit per step).
+  in registers; 32 bisection steps over the key bits, each a block reduction (no atomics), find it.
 - streamed (larger sets): 4 passes of an 8-bit histogram over the positions, block by block.
 
 A row is split into pieces, one program each, when it is longer than a resident block or when
@@ -66,9 +65,9 @@ def _candidates(src, stride_c, cand_row, p, lo, hi, GATHER: tl.constexpr):
 
 @triton.jit
 def _next_digit(hist, remaining, BINS: tl.constexpr):
-    """Radix step: the largest digit whose keys, with those of every larger digit, number at least
-    ``remaining`` (all counted in ``hist``); and how many of the wanted keys are still to be found
-    among the keys with that digit."""
+    """One radix step of the streamed selection: the largest digit whose keys, with those of every
+    larger digit, number at least ``remaining`` (all counted in ``hist``); and how many of the wanted
+    keys are still to be found among the keys with that digit."""
     digits = tl.arange(0, BINS)
     at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
     chosen = tl.max(tl.where(at_or_above >= remaining, digits, 0), axis=0)
@@ -76,29 +75,14 @@ def _next_digit(hist, remaining, BINS: tl.constexpr):
 
 
 @triton.jit
-def _kth_largest(key, live, want, BITS: tl.constexpr):
-    """The ``want``-th largest of the live keys (all ones when ``want`` is 0), ``BITS`` bits per step
-    from the top. One bit: bisection, one block reduction per step (keep a bit when at least ``want``
-    live keys are >= the candidate with it set). More: a ``2**BITS``-bin histogram of the digit of
-    the keys that share the prefix found so far, per step."""
-    if BITS == 1:
-        threshold = tl.zeros((), tl.uint32)
-        for bit in tl.static_range(32):
-            trial = threshold | (tl.full((), 1, tl.uint32) << (31 - bit))
-            count = tl.sum((live & (key >= trial)).to(tl.int32), axis=0)
-            threshold = tl.where(count >= want, trial, threshold)
-    else:
-        prefix = tl.zeros((), tl.uint32)
-        remaining = want
-        for step in tl.static_range(32 // BITS):
-            shift = 32 - BITS * (step + 1)
-            match = live
-            if step > 0:
-                match = live & ((key >> (shift + BITS)) == prefix)
-            hist = tl.histogram(((key >> shift) & ((1 << BITS) - 1)).to(tl.int32), 1 << BITS, mask=match)
-            chosen, remaining = _next_digit(hist, remaining, 1 << BITS)
-            prefix = (prefix << BITS) | chosen.to(tl.uint32)
-        threshold = prefix
+def _kth_largest(key, live, want):
+    """The ``want``-th largest of the live keys (all ones when ``want`` is 0), bit by bit from the
+    top: keep a bit when at least ``want`` live keys are >= the candidate with it set."""
+    threshold = tl.zeros((), tl.uint32)
+    for bit in tl.static_range(32):
+        trial = threshold | (tl.full((), 1, tl.uint32) << (31 - bit))
+        count = tl.sum((live & (key >= trial)).to(tl.int32), axis=0)
+        threshold = tl.where(count >= want, trial, threshold)
     return threshold
 
 
@@ -107,7 +91,7 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
                          next_n, cand_ptr,
                          n_cand, out_ptr, out_stride, k, chunk,
                          MODE: tl.constexpr, GATHER: tl.constexpr, LOCAL: tl.constexpr, BLOCK: tl.constexpr,
-                         RESIDENT: tl.constexpr, RADIX_BITS: tl.constexpr):
+                         RESIDENT: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
@@ -125,7 +109,7 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
     if RESIDENT:                                 # hi - lo <= BLOCK: one load, selection in registers
         col, live, key = _candidates(src, stride_c, cand_row, lo + tl.arange(0, BLOCK), lo, hi, GATHER)
         want = tl.minimum(tl.sum(live.to(tl.int32), axis=0), k)
-        threshold = _kth_largest(key, live, want, RADIX_BITS)
+        threshold = _kth_largest(key, live, want)
         above = live & (key > threshold)
         written = tl.sum(above.to(tl.int32), axis=0)
         tl.store(dst + tl.cumsum(above.to(tl.int32), axis=0) - 1, (col - base).to(tl.int32), mask=above)
@@ -213,5 +197,4 @@ def _launch(rows, mode, tune, k, grid, cand, n_cand, out, out_stride, chunk, spa
     block = triton.next_power_of_2(max(span, 16)) if resident else tune.topk_block
     warps = min(max(block // 1024, 4), 16) if resident else tune.topk_warps
     _indexer_topk_kernel[grid](*rows, cand, n_cand, out, out_stride, k, chunk, MODE=mode, GATHER=gather,
-                               LOCAL=local, BLOCK=block, RESIDENT=resident,
-                               RADIX_BITS=tune.topk_radix_bits, num_warps=warps)
+                               LOCAL=local, BLOCK=block, RESIDENT=resident, num_warps=warps)

@@ -40,7 +40,6 @@ class Tuning:
     topk_warps: int = 8
     topk_resident: int = 32768      # the most positions a program selects from in registers
     topk_min_piece: int = 4096      # shortest piece a row is split into to fill the GPU
-    topk_radix_bits: int = 1        # key bits a resident selection step decides (1: bisection; 2, 4, 8: histogram)
     insert_heads: int = 4           # query heads per qnorm_rope_kv_insert program
     insert_warps: int = 4
     inv_rope_heads: int = 4         # heads per inv_rope_fp8_quant program
@@ -56,12 +55,14 @@ _TABLE = {
     # was 144 us streamed; 128 x 65536 207 us vs 504 us with 32768-column pieces; 4 x 8192 25 us);
     # streamed blocks of 8192 on 16 warps for larger stage-2 candidate sets.
     # sparse_mla_prefill starts from the decode tiles (not yet swept: docs/perf/sweep_tunables.sh).
-    # qnorm_rope_kv_insert: the defaults, 4 heads per program on 4 warps (not yet measured).
+    # qnorm_rope_kv_insert: 4 heads per program on 2 warps (H100-sweep-topk-radix-insert.txt: T=128
+    # H=64 / 128 8.1 / 14.3 us, 70% / 79% of copy bandwidth; one head per program 9.3 / 16.0 us).
     ("cuda", "sm90"): Tuning(decode_block_h=64, decode_block_k=32, decode_warps=8, decode_waves=1,
                              prefill_block_h=64, prefill_block_k=32, prefill_warps=8, prefill_stages=1,
                              einsum_block_m=64, einsum_block_n=128, einsum_stages=4, logits_block_t=128,
                              mqa_block_q=2, mqa_block_s=128, mqa_chunk_s=2048, mqa_warps=8, mqa_stages=3,
-                             topk_block=8192, topk_warps=16, topk_resident=16384, topk_min_piece=2048),
+                             topk_block=8192, topk_warps=16, topk_resident=16384, topk_min_piece=2048,
+                             insert_heads=4, insert_warps=2),
     ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, prefill_block_h=16, prefill_block_k=16,
                           topk_block=64, topk_resident=128, topk_min_piece=32, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
                           einsum_block_m=16, einsum_block_n=128),
@@ -81,8 +82,6 @@ def _allowed(name: str, value: int) -> str | None:
     power_of_two = value > 0 and not value & (value - 1)
     if name.endswith("_warps"):
         return None if power_of_two and value <= 32 else "a power of two from 1 to 32"
-    if name == "topk_radix_bits":
-        return None if value in (1, 2, 4, 8) else "1, 2, 4 or 8"
     if name.endswith(("_stages", "_waves")):
         return None if value >= 1 else "at least 1"
     minimum = 16 if name in _DOT_OPERANDS else 1

@@ -16,9 +16,8 @@ want einsum && for c in einsum_block_m=64,einsum_block_n=128,einsum_warps=4,eins
          einsum_block_m=128,einsum_block_n=256,einsum_warps=8,einsum_stages=3 \
          einsum_block_m=64,einsum_block_n=256,einsum_warps=8,einsum_stages=3 \
          einsum_block_m=64,einsum_block_n=128,einsum_warps=4,einsum_stages=3; do run fp8_einsum $c; done
-# top-k: key bits decided per block reduction x the longest resident piece (rows split to fill the GPU)
-want topk && for bits in 1 2 4; do for res in 16384 8192 4096; do
-  run indexer_topk topk_radix_bits=$bits,topk_resident=$res,topk_min_piece=2048; done; done
+# top-k: the longest resident piece (rows split to fill the GPU)
+want topk && for res in 16384 8192 4096; do run indexer_topk topk_resident=$res,topk_min_piece=2048; done
 want logits && for c in logits_block_t=64,logits_warps=4 logits_block_t=128,logits_warps=4 \
          logits_block_t=128,logits_warps=8 logits_block_t=256,logits_warps=8 logits_block_t=64,logits_warps=8; \
          do run paged_mqa_logits $c; done
