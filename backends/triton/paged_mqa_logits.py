@@ -1,8 +1,8 @@
 """Triton op 3: one program per (request, block of compressed tokens). It gathers the block's
-fp8 keys once and scores the request's (MTP row, head) pairs against them with tl.dot, in chunks of
-rows that keep a product at most ``MAX_DOT_ROWS`` (row, head) pairs tall (next_n padded to a power
-of two, padding rows masked; any next_n). weights, context_lens and block_table are read through
-their strides."""
+fp8 keys once and scores them against each MTP row's heads with one tl.dot per row, keys as the
+tall operand (``[BLOCK_T, 128] x [128, H]``): the weighted sum over heads then runs along the
+product's columns, inside each warp, with no exchange through shared memory. Any next_n. weights,
+context_lens and block_table are read through their strides."""
 from __future__ import annotations
 
 import torch
@@ -13,12 +13,10 @@ from dsv4ops.platform import platform
 
 from .tuning import tuning
 
-MAX_DOT_ROWS = 128          # (row, head) pairs per tl.dot: V4's next_n = 2 x 64 heads in one product
-
 
 @triton.jit
 def _row_limits(lens_ptr, b, j, next_n, stride_l0, stride_l1, LENS_2D: tl.constexpr):
-    """Valid columns of rows ``j`` (a block of MTP indices) of request ``b``; 0 for padding rows."""
+    """Valid columns of row(s) ``j`` (MTP indices, a scalar or a block) of request ``b``; 0 for padding rows."""
     live = j < next_n
     if LENS_2D:
         return tl.load(lens_ptr + b * stride_l0 + j * stride_l1, mask=live, other=0)
@@ -29,7 +27,7 @@ def _row_limits(lens_ptr, b, j, next_n, stride_l0, stride_l1, LENS_2D: tl.conste
 def _paged_mqa_logits_kernel(q_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, H, next_n, block_size, width,
                              stride_w0, stride_w1, stride_l0, stride_l1, stride_t0, stride_t1,
                              LENS_2D: tl.constexpr, CLEAN: tl.constexpr, NEXT_N_PAD: tl.constexpr,
-                             J_CHUNK: tl.constexpr, H_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
+                             H_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     t0 = tl.program_id(1) * BLOCK_T
     t = t0 + tl.arange(0, BLOCK_T)
@@ -45,26 +43,19 @@ def _paged_mqa_logits_kernel(q_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_p
         keys = keys.to(tl.float8e4nv, bitcast=True)
         scale = tl.load((page_base + block_size * 128 + (t % block_size) * 4).to(tl.pointer_type(tl.float32)),
                         mask=live_t, other=0.0)
-        for j0 in tl.static_range(0, NEXT_N_PAD, J_CHUNK):
-            r = tl.arange(0, J_CHUNK * H_PAD)
-            jj = j0 + r // H_PAD
-            hh = r % H_PAD
-            live_r = (hh < H) & (jj < next_n)
-            row = b * next_n + jj
-            q = tl.load(q_ptr + (row * H + hh)[:, None] * 128 + d[None, :], mask=live_r[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(keys)) * scale[None, :]
-            w = tl.load(w_ptr + row * stride_w0 + hh.to(tl.int64) * stride_w1, mask=live_r, other=0.0)
-            weighted = tl.reshape(tl.maximum(s, 0.0) * w[:, None], (J_CHUNK, H_PAD, BLOCK_T))
-            logits = tl.sum(weighted, axis=1)
-            j = j0 + tl.arange(0, J_CHUNK)
-            limit = _row_limits(lens_ptr, b, j, next_n, stride_l0, stride_l1, LENS_2D)
-            valid = t[None, :] < limit[:, None]
-            out_rows = out_ptr + (b * next_n + j)[:, None] * width + t[None, :]
-            in_width = (j < next_n)[:, None] & (t < width)[None, :]
+        h = tl.arange(0, H_PAD)
+        for j in range(next_n):
+            row = b * next_n + j
+            q = tl.load(q_ptr + (row * H + h)[:, None] * 128 + d[None, :], mask=(h < H)[:, None], other=0.0)
+            s = tl.dot(keys, tl.trans(q)) * scale[:, None]                     # [BLOCK_T, H_PAD]
+            w = tl.load(w_ptr + row * stride_w0 + h.to(tl.int64) * stride_w1, mask=h < H, other=0.0)
+            logits = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
+            valid = t < _row_limits(lens_ptr, b, j, next_n, stride_l0, stride_l1, LENS_2D)
+            out_row = out_ptr + row * width + t
             if CLEAN:
-                tl.store(out_rows, tl.where(valid, logits, float("-inf")), mask=in_width)
+                tl.store(out_row, tl.where(valid, logits, float("-inf")), mask=t < width)
             else:
-                tl.store(out_rows, logits, mask=in_width & valid)
+                tl.store(out_row, logits, mask=(t < width) & valid)
     elif CLEAN:                                  # (names differ from the branch above: other shapes)
         all_j = tl.arange(0, NEXT_N_PAD)
         tail = out_ptr + (b * next_n + all_j)[:, None] * width + t[None, :]
@@ -87,7 +78,7 @@ def paged_mqa_logits(a):
         a.q, a.kv_cache, a.weights, lens, a.block_table, out, H, next_n, a.kv_cache.shape[1], a.max_context_len,
         a.weights.stride(0), a.weights.stride(1), lens.stride(0), lens.stride(-1), a.block_table.stride(0),
         a.block_table.stride(1), LENS_2D=lens.dim() == 2, CLEAN=a.clean, NEXT_N_PAD=next_pad,
-        J_CHUNK=max(1, min(next_pad, MAX_DOT_ROWS // h_pad)), H_PAD=h_pad, BLOCK_T=BLOCK_T,
+        H_PAD=h_pad, BLOCK_T=BLOCK_T,
         num_warps=tune.logits_warps,
     )
     return out
