@@ -32,6 +32,18 @@ def parse_ops(value: str | None) -> list[str]:
     return ops
 
 
+def parse_shapes(value: str) -> list[str]:
+    """``--shapes a,b`` -> shape set names (``all``: every set)."""
+    from .bench import SHAPE_SETS
+
+    names = list(SHAPE_SETS) if value == "all" else [s.strip() for s in value.split(",")]
+    unknown = [s for s in names if s not in SHAPE_SETS]
+    if unknown:
+        raise UsageError(f"--shapes: unknown set(s) {', '.join(map(repr, unknown))}; sets are "
+                         f"{', '.join(SHAPE_SETS)} or all")
+    return names
+
+
 def parse_backends(value: str | None) -> list[str]:
     """``--backends a,b`` -> registered backend names (default: every registered one but reference)."""
     known = registry.backend_names()
@@ -183,6 +195,7 @@ def cmd_tune(args) -> int:
     from . import tune
 
     args.ops, args.backends = parse_ops(args.ops), parse_backends(args.backends)
+    args.shapes = parse_shapes(args.shapes)
     open_output(args.out, "--out").close()
     return tune.main(args)
 
@@ -225,8 +238,8 @@ def main(argv=None) -> int:
                            "table dispatch consults (DSV4OPS_TUNING_TABLE)")
     tune.add_argument("--ops", help="comma-separated ops (default: all)")
     tune.add_argument("--backends", help="comma-separated backends (default: every registered one but reference)")
-    tune.add_argument("--shapes", choices=("production", "sweep", "step", "all"), default="all",
-                      help="which shape set to measure (see bench --shapes)")
+    tune.add_argument("--shapes", default="all",
+                      help="comma-separated shape sets to measure: production, sweep, step (see bench --shapes), or all")
     tune.add_argument("--out", required=True, help="the table to write (JSON)")
     tune.set_defaults(fn=cmd_tune)
     args = parser.parse_args(argv)

@@ -37,15 +37,14 @@ def entries_from(case_list: list[Case], rows: list[Timing], device) -> list[dict
 
 
 def main(args) -> int:
-    """``args``: ops, backends (parsed lists), shapes ("production", "sweep" or "all"), out (path)."""
+    """``args``: ops, backends, shapes (parsed lists: shape set names), out (path)."""
     from .platform import default_device
 
     device = default_device()
     if device.type == "cpu":
         print("dsv4ops tune: no accelerator here; timings on the CPU (the interpreter) would choose nothing useful")
         return 2
-    sets = [args.shapes] if args.shapes != "all" else list(SHAPE_SETS)
-    case_list = [case for name in sets for case in SHAPE_SETS[name]()]
+    case_list = [case for name in args.shapes for case in SHAPE_SETS[name]()]
     case_list = [c for c in case_list if c.op in args.ops]
     rows = bench(case_list, args.backends, device, None)
     entries = entries_from(case_list, rows, device)

@@ -90,3 +90,9 @@ def test_bad_environment_in_a_real_process():
     proc = subprocess.run([sys.executable, "-m", "dsv4ops.cli", "info"], capture_output=True, text=True, env=env)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("dsv4ops info: error: DSV4OPS_BACKEND: bad entry '*=nope': unknown backend 'nope'")
+
+
+def test_tune_unknown_shape_set(capsys, tmp_path):
+    out = fails(capsys, ["tune", "--shapes", "production,nope", "--out", str(tmp_path / "t.json")],
+                "--shapes: unknown set(s) 'nope'; sets are production, sweep, step or all")
+    assert out == "" and not (tmp_path / "t.json").exists()
