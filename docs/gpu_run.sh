@@ -4,7 +4,8 @@
 # overhead (dispatch overhead), tune (selection table, then the example step with it), pytest
 # (GPU-only tests: int64 addressing, CUDA graphs, example pipeline, torch ops, prepared calls; vendor API drift),
 # example (decode step and whole-layer prefill + decode timing per backend setting), sweep (Triton decode tunables). CHECK_OPS=a,b
-# limits the check stage to those ops.
+# limits the check stage to those ops, SWEEP_OPS=a,b the bench sweep; TUNE_SHAPES (default production,step)
+# names the shape sets tune measures.
 # .whl/ holds the vendor wheels (fetched where there is network with `python3 -m pip download --no-deps
 # --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl
 # tokenspeed-flashmla==1.0.0.post20260615 tokenspeed-deepgemm==2.5.0.post20260604`). From the repo root:
@@ -19,13 +20,13 @@ tag=${CHECK_OPS:+-${CHECK_OPS//,/-}}                 # CHECK_OPS=a,b: only those
 has check && python3 -m dsv4ops.cli check --tier full --backends triton,flashmla,deepgemm ${CHECK_OPS:+--ops $CHECK_OPS} \
   --json "$out/conformance_full$tag.json" 2>&1 | tee "$out/conformance_full$tag.txt"
 has bench && python3 -m dsv4ops.cli bench --json "$out/bench.json" 2>&1 | tee "$out/bench.txt"
-has bench && python3 -m dsv4ops.cli bench --shapes sweep --json "$out/bench-sweep.json" 2>&1 | tee "$out/bench-sweep.txt"
+has bench && python3 -m dsv4ops.cli bench --shapes sweep ${SWEEP_OPS:+--ops $SWEEP_OPS} --json "$out/bench-sweep.json" 2>&1 | tee "$out/bench-sweep.txt"
 if has overhead; then
   for i in 1 2; do python3 -m dsv4ops.cli bench --overhead --json "$out/overhead$i.json" 2>&1 | tee -a "$out/overhead.txt"; done
 fi
 step="python3 -m dsv4ops.examples.decode_step --device cuda --tokens 64 --heads 64 --context 4096 --time --settings"
 if has tune; then
-  python3 -m dsv4ops.cli tune --shapes all --out "$out/tuning.json" 2>&1 | tee "$out/tune.txt"
+  python3 -m dsv4ops.cli tune --shapes "${TUNE_SHAPES:-production,step}" --out "$out/tuning.json" 2>&1 | tee "$out/tune.txt"
   DSV4OPS_TUNING_TABLE="$out/tuning.json" $step auto triton \
     "sparse_mla_decode=flashmla,paged_mqa_logits=deepgemm,fp8_einsum=deepgemm,*=triton" 2>&1 | tee "$out/example_tuned.txt"
 fi
