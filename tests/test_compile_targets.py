@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).with_name("compile_only.py")
-KERNELS = {"_combine_kernel", "_compress", "_decode_kernel", "_fp8_einsum_kernel", "_indexer_topk_kernel",
-           "_inv_rope_fp8_quant_kernel", "_mqa_logits_kernel", "_paged_mqa_logits_kernel",
+KERNELS = {"_combine_kernel", "_compress", "_decode_kernel", "_finish", "_fp8_einsum_kernel", "_indexer_topk_kernel",
+           "_inv_rope_fp8_quant_kernel", "_mqa_logits_kernel", "_paged_mqa_logits_kernel", "_pool",
            "_qnorm_rope_kv_insert_kernel", "_save_state"}
 
 

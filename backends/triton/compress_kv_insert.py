@@ -1,13 +1,20 @@
-"""Triton compress_kv_insert (docs/ops.md §9), two launches over the tokens:
+"""Triton compress_kv_insert (docs/ops.md §9):
 
-1. ``_save_state``: each live token's fp32 state row ``[kv, score + ape[p % ratio]]`` (a copy).
-2. ``_compress``: programs of tokens that close a window stream the window's state rows in chunks
-   of ``CHUNK`` positions with an online softmax per channel (registers stay bounded for C128's 128
-   rows), then RMSNorm, RoPE (split / interleave of the pairs), bf16 and the quantized store.
-   All other programs return at once. The second launch reads what the first wrote.
+1. ``_save_state``: each live token's fp32 state row ``[kv, score + ape[p % ratio]]`` (a copy), the
+   rows of ``max(1, compress_save_elems // width)`` tokens per program.
+2. The window pooling, per token that closes a window (all other programs return at once): the
+   window's state rows stream in chunks of ``compress_chunk`` positions with an online softmax per
+   channel, then ``_write_entry`` does RMSNorm, RoPE (split / interleave of the pairs), bf16 and the
+   quantized store, which need the whole row. The softmax is per channel, so the channels split
+   freely: with ``compress_channels_c4`` / ``_c128`` >= D one ``_compress`` program pools and writes
+   each window; below D (C128's default: 64 windows of a prefill chunk would occupy half the SMs
+   walking 128 x 512 values each) ``_pool`` programs over (token, channel group) write the pooled
+   fp32 rows to a workspace [T', D] and ``_finish`` writes the entries.
+Each launch reads what the one before wrote.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -21,17 +28,96 @@ from .tuning import tuning
 
 @triton.jit
 def _save_state(kv_ptr, kv_stride, score_ptr, score_stride, pos_ptr, pos_stride, ape_ptr, state_ptr, st_stride0,
-                st_stride1, sslot_ptr, sslot_stride, sbs, RATIO: tl.constexpr, WIDTH: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    slot = tl.load(sslot_ptr + t * sslot_stride)
-    if slot >= 0:
-        d = tl.arange(0, WIDTH)
-        row = state_ptr + (slot // sbs) * st_stride0 + (slot % sbs) * st_stride1
-        kv = tl.load(kv_ptr + t * kv_stride + d).to(tl.float32)
-        ape = tl.load(ape_ptr + (tl.load(pos_ptr + t * pos_stride) % RATIO) * WIDTH + d)
-        score = tl.load(score_ptr + t * score_stride + d).to(tl.float32)
-        tl.store(row + d, kv)
-        tl.store(row + WIDTH + d, score + ape)
+                st_stride1, sslot_ptr, sslot_stride, n, sbs, RATIO: tl.constexpr, WIDTH: tl.constexpr,
+                TOKENS: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)
+    slot = tl.load(sslot_ptr + t * sslot_stride, mask=t < n, other=-1)
+    live = (slot >= 0)[:, None]
+    slot = tl.maximum(slot, 0)
+    d = tl.arange(0, WIDTH)[None, :]
+    row = (state_ptr + (slot // sbs) * st_stride0 + (slot % sbs) * st_stride1)[:, None] + d
+    kv = tl.load(kv_ptr + t[:, None] * kv_stride + d, mask=live).to(tl.float32)
+    phase = tl.load(pos_ptr + t * pos_stride, mask=t < n, other=0) % RATIO
+    ape = tl.load(ape_ptr + phase[:, None] * WIDTH + d, mask=live)
+    score = tl.load(score_ptr + t[:, None] * score_stride + d, mask=live).to(tl.float32)
+    tl.store(row, kv, mask=live)
+    tl.store(row + WIDTH, score + ape, mask=live)
+
+
+@triton.jit
+def _closes(t, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO: tl.constexpr):
+    """(position, compressed slot, whether token t writes an entry)."""
+    p = tl.load(pos_ptr + t * pos_stride)
+    slot = tl.load(slot_ptr + t * slot_stride)
+    return p, slot, (tl.load(sslot_ptr + t * sslot_stride) >= 0) & ((p + 1) % RATIO == 0) & (slot >= 0)
+
+
+@triton.jit
+def _pool_window(t, p, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1, req_ptr, req_stride,
+                 sbs, c0, D: tl.constexpr, BD: tl.constexpr, RATIO: tl.constexpr, C: tl.constexpr,
+                 CHUNK: tl.constexpr):
+    """Channels [c0, c0 + BD) of the softmax-pooled window that position p closes, fp32 [BD]."""
+    table = btab_ptr + tl.load(req_ptr + t * req_stride).to(tl.int64) * btab_stride0
+    d = c0 + tl.arange(0, BD)
+    m = tl.full((BD,), float("-inf"), tl.float32)
+    den = tl.zeros((BD,), tl.float32)
+    acc = tl.zeros((BD,), tl.float32)
+    for j0 in tl.static_range(0, C * RATIO, CHUNK):
+        j = j0 + tl.arange(0, CHUNK)
+        w = p - C * RATIO + 1 + j
+        ok = w >= 0
+        wc = tl.maximum(w, 0)
+        page = tl.load(table + (wc // sbs) * btab_stride1, mask=ok, other=0).to(tl.int64)
+        first = (j >= RATIO).to(tl.int64) * D              # C4: the earlier RATIO positions use [0, D)
+        row = state_ptr + page * st_stride0 + (wc % sbs) * st_stride1 + first
+        ptr = row[:, None] + d[None, :]
+        s = tl.load(ptr + C * D, mask=ok[:, None], other=float("-inf"))
+        v = tl.load(ptr, mask=ok[:, None], other=0.0)
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        base = tl.where(m_new == float("-inf"), 0.0, m_new)
+        e = tl.exp(s - base[None, :])
+        alpha = tl.exp(m - base)
+        den = den * alpha + tl.sum(e, axis=0)
+        acc = acc * alpha + tl.sum(e * v, axis=0)
+        m = m_new
+    return acc / den
+
+
+@triton.jit
+def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D: tl.constexpr,
+                 RATIO: tl.constexpr, DS_MLA: tl.constexpr, FP8_MAX: tl.constexpr):
+    """RMSNorm, RoPE at the window's first position, bf16, and the quantized entry at ``slot``."""
+    d = tl.arange(0, D)
+    weight = tl.load(w_ptr + d * w_stride).to(tl.float32)
+    normed = pooled / tl.sqrt(tl.sum(pooled * pooled, axis=0) / D + eps) * weight
+    even, odd = tl.split(tl.reshape(normed, (D // 2, 2)))
+    i = tl.arange(0, D // 2) - (D - 64) // 2                 # rotation pair index, < 0 on NoPE dims
+    rope = i >= 0
+    cpos = (p - RATIO + 1) * 64
+    cos = tl.load(cs_ptr + cpos + i, mask=rope, other=1.0)
+    sin = tl.load(cs_ptr + cpos + 32 + i, mask=rope, other=0.0)
+    e2 = tl.where(rope, even * cos - odd * sin, even)
+    o2 = tl.where(rope, even * sin + odd * cos, odd)
+    y = tl.interleave(e2, o2).to(tl.bfloat16).to(tl.float32)
+    block = slot // block_size
+    off = slot % block_size
+    page_ptr = cache_ptr + block * page_bytes
+    if DS_MLA:
+        tiles = tl.reshape(y, (D // 64, 64))
+        ex = ceil_log2(tl.maximum(tl.max(tl.abs(tiles), axis=1), 1e-4) / FP8_MAX)
+        q8 = tl.reshape(tl.clamp(tiles * exp2_int(-ex)[:, None], -FP8_MAX, FP8_MAX).to(tl.float8e4nv), (D,))
+        data = page_ptr + off * 576
+        tl.store(data + d, q8.to(tl.uint8, bitcast=True), mask=d < D - 64)
+        tl.store((data + D - 64).to(tl.pointer_type(tl.bfloat16)) + d - (D - 64), y.to(tl.bfloat16),
+                 mask=d >= D - 64)
+        k = tl.arange(0, D // 64)
+        byte = tl.where(k < D // 64 - 1, tl.minimum(tl.maximum(ex + 127, 0), 255), 0)
+        tl.store(page_ptr + block_size * 576 + off * 8 + k, byte.to(tl.uint8))
+    else:
+        ex = ceil_log2(tl.maximum(tl.max(tl.abs(y), axis=0), 1e-4) / FP8_MAX)
+        q8 = tl.clamp(y * exp2_int(-ex), -FP8_MAX, FP8_MAX).to(tl.float8e4nv)
+        tl.store(page_ptr + off * D + d, q8.to(tl.uint8, bitcast=True))
+        tl.store((page_ptr + block_size * D + off * 4).to(tl.pointer_type(tl.float32)), exp2_int(ex))
 
 
 @triton.jit
@@ -39,64 +125,41 @@ def _compress(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr,
               btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, slot_ptr, slot_stride,
               block_size, page_bytes, D: tl.constexpr, RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr,
               DS_MLA: tl.constexpr, FP8_MAX: tl.constexpr):
+    """One program per token: pools the whole window it closes and writes the entry."""
     t = tl.program_id(0).to(tl.int64)
-    p = tl.load(pos_ptr + t * pos_stride)
-    slot = tl.load(slot_ptr + t * slot_stride)
-    if (tl.load(sslot_ptr + t * sslot_stride) >= 0) & ((p + 1) % RATIO == 0) & (slot >= 0):
-        table = btab_ptr + tl.load(req_ptr + t * req_stride).to(tl.int64) * btab_stride0
-        d = tl.arange(0, D)
-        m = tl.full((D,), float("-inf"), tl.float32)
-        den = tl.zeros((D,), tl.float32)
-        acc = tl.zeros((D,), tl.float32)
-        for j0 in tl.static_range(0, C * RATIO, CHUNK):
-            j = j0 + tl.arange(0, CHUNK)
-            w = p - C * RATIO + 1 + j
-            ok = w >= 0
-            wc = tl.maximum(w, 0)
-            page = tl.load(table + (wc // sbs) * btab_stride1, mask=ok, other=0).to(tl.int64)
-            first = (j >= RATIO).to(tl.int64) * D              # C4: the earlier RATIO positions use [0, D)
-            row = state_ptr + page * st_stride0 + (wc % sbs) * st_stride1 + first
-            ptr = row[:, None] + d[None, :]
-            s = tl.load(ptr + C * D, mask=ok[:, None], other=float("-inf"))
-            v = tl.load(ptr, mask=ok[:, None], other=0.0)
-            m_new = tl.maximum(m, tl.max(s, axis=0))
-            base = tl.where(m_new == float("-inf"), 0.0, m_new)
-            e = tl.exp(s - base[None, :])
-            alpha = tl.exp(m - base)
-            den = den * alpha + tl.sum(e, axis=0)
-            acc = acc * alpha + tl.sum(e * v, axis=0)
-            m = m_new
-        pooled = acc / den
-        weight = tl.load(w_ptr + d * w_stride).to(tl.float32)
-        normed = pooled / tl.sqrt(tl.sum(pooled * pooled, axis=0) / D + eps) * weight
-        even, odd = tl.split(tl.reshape(normed, (D // 2, 2)))
-        i = tl.arange(0, D // 2) - (D - 64) // 2                 # rotation pair index, < 0 on NoPE dims
-        rope = i >= 0
-        cpos = (p - RATIO + 1) * 64
-        cos = tl.load(cs_ptr + cpos + i, mask=rope, other=1.0)
-        sin = tl.load(cs_ptr + cpos + 32 + i, mask=rope, other=0.0)
-        e2 = tl.where(rope, even * cos - odd * sin, even)
-        o2 = tl.where(rope, even * sin + odd * cos, odd)
-        y = tl.interleave(e2, o2).to(tl.bfloat16).to(tl.float32)
-        block = slot // block_size
-        off = slot % block_size
-        page_ptr = cache_ptr + block * page_bytes
-        if DS_MLA:
-            tiles = tl.reshape(y, (D // 64, 64))
-            ex = ceil_log2(tl.maximum(tl.max(tl.abs(tiles), axis=1), 1e-4) / FP8_MAX)
-            q8 = tl.reshape(tl.clamp(tiles * exp2_int(-ex)[:, None], -FP8_MAX, FP8_MAX).to(tl.float8e4nv), (D,))
-            data = page_ptr + off * 576
-            tl.store(data + d, q8.to(tl.uint8, bitcast=True), mask=d < D - 64)
-            tl.store((data + D - 64).to(tl.pointer_type(tl.bfloat16)) + d - (D - 64), y.to(tl.bfloat16),
-                     mask=d >= D - 64)
-            k = tl.arange(0, D // 64)
-            byte = tl.where(k < D // 64 - 1, tl.minimum(tl.maximum(ex + 127, 0), 255), 0)
-            tl.store(page_ptr + block_size * 576 + off * 8 + k, byte.to(tl.uint8))
-        else:
-            ex = ceil_log2(tl.maximum(tl.max(tl.abs(y), axis=0), 1e-4) / FP8_MAX)
-            q8 = tl.clamp(y * exp2_int(-ex), -FP8_MAX, FP8_MAX).to(tl.float8e4nv)
-            tl.store(page_ptr + off * D + d, q8.to(tl.uint8, bitcast=True))
-            tl.store((page_ptr + block_size * D + off * 4).to(tl.pointer_type(tl.float32)), exp2_int(ex))
+    p, slot, closes = _closes(t, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO)
+    if closes:
+        pooled = _pool_window(t, p, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1, req_ptr,
+                              req_stride, sbs, 0, D, D, RATIO, C, CHUNK)
+        _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D, RATIO,
+                     DS_MLA, FP8_MAX)
+
+
+@triton.jit
+def _pool(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, sslot_stride, btab_ptr, btab_stride0,
+          btab_stride1, req_ptr, req_stride, sbs, slot_ptr, slot_stride, ws_ptr, D: tl.constexpr, BD: tl.constexpr,
+          RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr):
+    """Program (token, channel group): channels [g*BD, (g+1)*BD) of the pooled row, into ws [T', D] fp32."""
+    t = tl.program_id(0).to(tl.int64)
+    c0 = tl.program_id(1) * BD
+    p, slot, closes = _closes(t, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO)
+    if closes:
+        pooled = _pool_window(t, p, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1, req_ptr,
+                              req_stride, sbs, c0, D, BD, RATIO, C, CHUNK)
+        tl.store(ws_ptr + t * D + c0 + tl.arange(0, BD), pooled)
+
+
+@triton.jit
+def _finish(pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, ws_ptr, w_ptr, w_stride, eps, cs_ptr,
+            cache_ptr, block_size, page_bytes, D: tl.constexpr, RATIO: tl.constexpr, DS_MLA: tl.constexpr,
+            FP8_MAX: tl.constexpr):
+    """One program per token: the entry of the pooled row ``_pool`` left in ws."""
+    t = tl.program_id(0).to(tl.int64)
+    p, slot, closes = _closes(t, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO)
+    if closes:
+        pooled = tl.load(ws_ptr + t * D + tl.arange(0, D))
+        _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D, RATIO,
+                     DS_MLA, FP8_MAX)
 
 
 def compress_kv_insert(a):
@@ -109,13 +172,25 @@ def compress_kv_insert(a):
     sc = a.state_cache
     ds_mla = a.layout.is_ds_mla
     page_bytes = a.kv_cache.stride(0)
-    warps = tuning(platform(a.kv.device)).compress_warps
+    tun = tuning(platform(a.kv.device))
+    warps = tun.compress_warps
+    tokens = max(1, tun.compress_save_elems // width)
+    chunk = min(c * a.ratio, tun.compress_chunk)
+    channels = min(D, tun.compress_channels_c4 if c == 2 else tun.compress_channels_c128)
     pos, sslots, table, req, slots = a.positions, a.state_slot_mapping, a.state_block_table, a.token_to_req, a.slot_mapping
-    _save_state[(n,)](a.kv, a.kv.stride(0), a.score, a.score.stride(0), pos, pos.stride(0), a.ape, sc, sc.stride(0),
-                      sc.stride(1), sslots, sslots.stride(0), sc.shape[1], RATIO=a.ratio, WIDTH=width, num_warps=warps)
-    _compress[(n,)](pos, pos.stride(0), sc, sc.stride(0), sc.stride(1), sslots, sslots.stride(0), table,
-                    table.stride(0), table.stride(1), req, req.stride(0), sc.shape[1], a.norm_weight,
-                    a.norm_weight.stride(0), a.eps, a.cos_sin_cache, a.kv_cache, slots, slots.stride(0), a.block_size,
-                    page_bytes, D=D, RATIO=a.ratio, C=c, CHUNK=min(c * a.ratio, 16), DS_MLA=ds_mla, FP8_MAX=FP8_MAX["ocp"],
-                    num_warps=warps)
+    _save_state[(triton.cdiv(n, tokens),)](a.kv, a.kv.stride(0), a.score, a.score.stride(0), pos, pos.stride(0), a.ape,
+                                           sc, sc.stride(0), sc.stride(1), sslots, sslots.stride(0), n, sc.shape[1],
+                                           RATIO=a.ratio, WIDTH=width, TOKENS=tokens, num_warps=warps)
+    window = (pos, pos.stride(0), sc, sc.stride(0), sc.stride(1), sslots, sslots.stride(0), table, table.stride(0),
+              table.stride(1), req, req.stride(0), sc.shape[1])
+    entry = (a.norm_weight, a.norm_weight.stride(0), a.eps, a.cos_sin_cache, a.kv_cache)
+    if channels == D:
+        _compress[(n,)](*window, *entry, slots, slots.stride(0), a.block_size, page_bytes, D=D, RATIO=a.ratio, C=c,
+                        CHUNK=chunk, DS_MLA=ds_mla, FP8_MAX=FP8_MAX["ocp"], num_warps=warps)
+        return None
+    ws = torch.empty(n, D, dtype=torch.float32, device=a.kv.device)
+    _pool[(n, D // channels)](*window, slots, slots.stride(0), ws, D=D, BD=channels, RATIO=a.ratio, C=c, CHUNK=chunk,
+                              num_warps=tun.compress_pool_warps)
+    _finish[(n,)](pos, pos.stride(0), sslots, sslots.stride(0), slots, slots.stride(0), ws, *entry, a.block_size,
+                  page_bytes, D=D, RATIO=a.ratio, DS_MLA=ds_mla, FP8_MAX=FP8_MAX["ocp"], num_warps=warps)
     return None
