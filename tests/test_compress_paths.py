@@ -14,9 +14,11 @@ CASES = [dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 9), (5, 1), (7, 1), (30, 6
 
 
 @pytest.mark.skipif(not TRITON, reason="the Triton backend is not available here")
-@pytest.mark.parametrize("tunables", ["compress_channels_c4=32,compress_chunk=4,compress_save_elems=4096",
-                                      "compress_channels_c4=128,compress_channels_c128=512,compress_save_elems=512",
-                                      "compress_channels_c128=16,compress_chunk=64,compress_pool_warps=2"])
+@pytest.mark.parametrize("tunables", [
+    "compress_channels_c4=32,compress_chunk=4,compress_save_elems=4096",
+    "compress_channels_c4=128,compress_channels_c128=512,compress_save_elems=512",
+    "compress_channels_c128=16,compress_chunk=64,compress_pool_warps=2,compress_pool_tokens=1",
+    "compress_channels_c4=64,compress_pool_tokens=4"])
 @pytest.mark.parametrize("params", CASES, ids=lambda p: f"{p['layout']}-C{p['ratio']}")
 def test_compress_paths_match_the_reference(env, tunables, params):
     env(DSV4OPS_TRITON_TUNING=tunables)

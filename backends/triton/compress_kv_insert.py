@@ -8,8 +8,9 @@
    quantized store, which need the whole row. The softmax is per channel, so the channels split
    freely: with ``compress_channels_c4`` / ``_c128`` >= D one ``_compress`` program pools and writes
    each window; below D (C128's default: 64 windows of a prefill chunk would occupy half the SMs
-   walking 128 x 512 values each) ``_pool`` programs over (token, channel group) write the pooled
-   fp32 rows to a workspace [T', D] and ``_finish`` writes the entries.
+   walking 128 x 512 values each) ``_pool`` programs over (``compress_pool_tokens`` tokens, channel
+   group) write the pooled fp32 rows of the windows their tokens close to a workspace [T', D], and
+   ``_finish`` writes the entries.
 Each launch reads what the one before wrote.
 """
 from __future__ import annotations
@@ -137,16 +138,24 @@ def _compress(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr,
 
 @triton.jit
 def _pool(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, sslot_stride, btab_ptr, btab_stride0,
-          btab_stride1, req_ptr, req_stride, sbs, slot_ptr, slot_stride, ws_ptr, D: tl.constexpr, BD: tl.constexpr,
-          RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr):
-    """Program (token, channel group): channels [g*BD, (g+1)*BD) of the pooled row, into ws [T', D] fp32."""
-    t = tl.program_id(0).to(tl.int64)
+          btab_stride1, req_ptr, req_stride, sbs, slot_ptr, slot_stride, ws_ptr, n, D: tl.constexpr, BD: tl.constexpr,
+          RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr, TOKENS: tl.constexpr):
+    """Program (block of TOKENS tokens, channel group g): channels [g*BD, (g+1)*BD) of the pooled row of
+    each window a token of the block closes, one after another, into ws [T', D] fp32. Windows close
+    at most every RATIO-th token of a request, so a block holds few (a per-token grid would be mostly
+    programs that return at once)."""
+    t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)
     c0 = tl.program_id(1) * BD
-    p, slot, closes = _closes(t, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO)
-    if closes:
-        pooled = _pool_window(t, p, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1, req_ptr,
-                              req_stride, sbs, c0, D, BD, RATIO, C, CHUNK)
-        tl.store(ws_ptr + t * D + c0 + tl.arange(0, BD), pooled)
+    p, _, closes = _closes(tl.minimum(t, n - 1), pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride,
+                           RATIO)
+    closes = closes & (t < n)
+    rank = tl.cumsum(closes.to(tl.int32), axis=0)          # 1-based among the block's closing tokens
+    for i in range(tl.sum(closes.to(tl.int32), axis=0)):
+        pick = closes & (rank == i + 1)
+        ti = tl.sum(tl.where(pick, t, 0), axis=0)
+        pooled = _pool_window(ti, tl.sum(tl.where(pick, p, 0), axis=0), state_ptr, st_stride0, st_stride1, btab_ptr,
+                              btab_stride0, btab_stride1, req_ptr, req_stride, sbs, c0, D, BD, RATIO, C, CHUNK)
+        tl.store(ws_ptr + ti * D + c0 + tl.arange(0, BD), pooled)
 
 
 @triton.jit
@@ -189,8 +198,9 @@ def compress_kv_insert(a):
                         CHUNK=chunk, DS_MLA=ds_mla, FP8_MAX=FP8_MAX["ocp"], num_warps=warps)
         return None
     ws = torch.empty(n, D, dtype=torch.float32, device=a.kv.device)
-    _pool[(n, D // channels)](*window, slots, slots.stride(0), ws, D=D, BD=channels, RATIO=a.ratio, C=c, CHUNK=chunk,
-                              num_warps=tun.compress_pool_warps)
+    per = tun.compress_pool_tokens
+    _pool[(triton.cdiv(n, per), D // channels)](*window, slots, slots.stride(0), ws, n, D=D, BD=channels, RATIO=a.ratio,
+                                                C=c, CHUNK=chunk, TOKENS=per, num_warps=tun.compress_pool_warps)
     _finish[(n,)](pos, pos.stride(0), sslots, sslots.stride(0), slots, slots.stride(0), ws, *entry, a.block_size,
                   page_bytes, D=D, RATIO=a.ratio, DS_MLA=ds_mla, FP8_MAX=FP8_MAX["ocp"], num_warps=warps)
     return None
