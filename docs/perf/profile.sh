@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute on the Triton kernels at production shapes (after docs/gpu_run.sh installed the wheels):
 #   PYTHONPATH=/tmp/site bash docs/perf/profile.sh OUT.txt
-ncu --kernel-name regex:"_decode_kernel|_paged_mqa_logits_kernel|_fp8_einsum_kernel|_indexer_topk_kernel" \
-    --launch-skip 0 --launch-count 8 --clock-control none \
+ncu --kernel-name regex:"_decode_kernel|_paged_mqa_logits_kernel|_fp8_einsum_kernel|_indexer_topk_kernel|_qnorm_rope" \
+    --launch-skip 0 --launch-count 12 --clock-control none \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section MemoryWorkloadAnalysis \
     python3 "$(dirname "$0")/profile_triton.py" > "${1:-/tmp/ncu.txt}" 2>&1
