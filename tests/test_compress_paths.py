@@ -18,7 +18,8 @@ CASES = [dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 9), (5, 1), (7, 1), (30, 6
     "compress_channels_c4=32,compress_chunk=4,compress_save_elems=4096",
     "compress_channels_c4=128,compress_channels_c128=512,compress_save_elems=512",
     "compress_channels_c128=16,compress_chunk=64,compress_pool_warps=2,compress_pool_tokens=1",
-    "compress_channels_c4=64,compress_pool_tokens=4"])
+    "compress_channels_c4=64,compress_pool_tokens=4,compress_tokens=8",
+    "compress_tokens=4,compress_channels_c128=1024"])
 @pytest.mark.parametrize("params", CASES, ids=lambda p: f"{p['layout']}-C{p['ratio']}")
 def test_compress_paths_match_the_reference(env, tunables, params):
     env(DSV4OPS_TRITON_TUNING=tunables)

@@ -2,15 +2,15 @@
 
 1. ``_save_state``: each live token's fp32 state row ``[kv, score + ape[p % ratio]]`` (a copy), the
    rows of ``max(1, compress_save_elems // width)`` tokens per program.
-2. The window pooling, per token that closes a window (all other programs return at once): the
-   window's state rows stream in chunks of ``compress_chunk`` positions with an online softmax per
-   channel, then ``_write_entry`` does RMSNorm, RoPE (split / interleave of the pairs), bf16 and the
-   quantized store, which need the whole row. The softmax is per channel, so the channels split
-   freely: with ``compress_channels_c4`` / ``_c128`` >= D one ``_compress`` program pools and writes
-   each window; below D (C128's default: 64 windows of a prefill chunk would occupy half the SMs
-   walking 128 x 512 values each) ``_pool`` programs over (``compress_pool_tokens`` tokens, channel
-   group) write the pooled fp32 rows of the windows their tokens close to a workspace [T', D], and
-   ``_finish`` writes the entries.
+2. The window pooling: each program takes a block of tokens and handles the windows they close one
+   after another. A window's state rows stream in chunks of ``compress_chunk`` positions with an
+   online softmax per channel, then ``_write_entry`` does RMSNorm, RoPE (split / interleave of the
+   pairs), bf16 and the quantized store, which need the whole row. The softmax is per channel, so
+   the channels split freely: with ``compress_channels_c4`` / ``_c128`` >= D one ``_compress``
+   program (of ``compress_tokens`` tokens) pools and writes whole windows; below D (C128's default:
+   the 64 windows of an 8192-token prefill would occupy half the SMs, walking 128 x 512 values each)
+   ``_pool`` programs over (``compress_pool_tokens`` tokens, channel group) write the pooled fp32
+   rows to a workspace [T', D], and ``_finish`` programs of as many tokens write the entries.
 Each launch reads what the one before wrote.
 """
 from __future__ import annotations
@@ -46,11 +46,25 @@ def _save_state(kv_ptr, kv_stride, score_ptr, score_stride, pos_ptr, pos_stride,
 
 
 @triton.jit
-def _closes(t, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO: tl.constexpr):
-    """(position, compressed slot, whether token t writes an entry)."""
-    p = tl.load(pos_ptr + t * pos_stride)
-    slot = tl.load(slot_ptr + t * slot_stride)
-    return p, slot, (tl.load(sslot_ptr + t * sslot_stride) >= 0) & ((p + 1) % RATIO == 0) & (slot >= 0)
+def _closing(n, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO: tl.constexpr,
+             TOKENS: tl.constexpr):
+    """The program's TOKENS tokens: (token, position, compressed slot, rank among those that write an
+    entry (from 1; 0 for the others), how many write one)."""
+    t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)
+    tc = tl.minimum(t, n - 1)
+    p = tl.load(pos_ptr + tc * pos_stride)
+    slot = tl.load(slot_ptr + tc * slot_stride)
+    closes = (t < n) & (tl.load(sslot_ptr + tc * sslot_stride) >= 0) & ((p + 1) % RATIO == 0) & (slot >= 0)
+    rank = tl.where(closes, tl.cumsum(closes.to(tl.int32), axis=0), 0)
+    return t, p, slot, rank, tl.sum(closes.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _pick(i, t, p, slot, rank):
+    """(token, position, compressed slot) of the i-th (from 0) token that writes an entry."""
+    pick = rank == i + 1
+    return (tl.sum(tl.where(pick, t, 0), axis=0), tl.sum(tl.where(pick, p, 0), axis=0),
+            tl.sum(tl.where(pick, slot, 0), axis=0))
 
 
 @triton.jit
@@ -124,50 +138,63 @@ def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block
 @triton.jit
 def _compress(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, sslot_stride, btab_ptr, btab_stride0,
               btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, slot_ptr, slot_stride,
-              block_size, page_bytes, D: tl.constexpr, RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr,
-              DS_MLA: tl.constexpr, FP8_MAX: tl.constexpr):
-    """One program per token: pools the whole window it closes and writes the entry."""
-    t = tl.program_id(0).to(tl.int64)
-    p, slot, closes = _closes(t, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO)
-    if closes:
-        pooled = _pool_window(t, p, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1, req_ptr,
-                              req_stride, sbs, 0, D, D, RATIO, C, CHUNK)
-        _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D, RATIO,
-                     DS_MLA, FP8_MAX)
+              block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr,
+              DS_MLA: tl.constexpr, FP8_MAX: tl.constexpr, TOKENS: tl.constexpr):
+    """Program of TOKENS tokens: pools each whole window they close and writes its entry (one token:
+    a branch, not a loop, which takes sm90 16 registers fewer)."""
+    t, p, slot, rank, count = _closing(n, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO,
+                                       TOKENS)
+    window = (t, p, slot, rank, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1, req_ptr,
+              req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes)
+    if TOKENS == 1:
+        if count > 0:
+            _whole_window(0, *window, D, RATIO, C, CHUNK, DS_MLA, FP8_MAX)
+    else:
+        for i in range(count):
+            _whole_window(i, *window, D, RATIO, C, CHUNK, DS_MLA, FP8_MAX)
+
+
+@triton.jit
+def _whole_window(i, t, p, slot, rank, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1, req_ptr,
+                  req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D: tl.constexpr,
+                  RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr, DS_MLA: tl.constexpr,
+                  FP8_MAX: tl.constexpr):
+    """The entry of the window the i-th closing token of the block closes."""
+    ti, pi, si = _pick(i, t, p, slot, rank)
+    pooled = _pool_window(ti, pi, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1, req_ptr,
+                          req_stride, sbs, 0, D, D, RATIO, C, CHUNK)
+    _write_entry(pooled, pi, si, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D, RATIO, DS_MLA,
+                 FP8_MAX)
 
 
 @triton.jit
 def _pool(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, sslot_stride, btab_ptr, btab_stride0,
           btab_stride1, req_ptr, req_stride, sbs, slot_ptr, slot_stride, ws_ptr, n, D: tl.constexpr, BD: tl.constexpr,
           RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr, TOKENS: tl.constexpr):
-    """Program (block of TOKENS tokens, channel group g): channels [g*BD, (g+1)*BD) of the pooled row of
-    each window a token of the block closes, one after another, into ws [T', D] fp32. Windows close
-    at most every RATIO-th token of a request, so a block holds few (a per-token grid would be mostly
-    programs that return at once)."""
-    t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)
+    """Program (TOKENS tokens, channel group g): channels [g*BD, (g+1)*BD) of the pooled row of each
+    window the tokens close, into ws [T', D] fp32. Windows close at most every RATIO-th token of a
+    request, so a block holds few (a per-token grid would be mostly programs that return at once)."""
+    t, p, slot, rank, count = _closing(n, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO,
+                                       TOKENS)
     c0 = tl.program_id(1) * BD
-    p, _, closes = _closes(tl.minimum(t, n - 1), pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride,
-                           RATIO)
-    closes = closes & (t < n)
-    rank = tl.cumsum(closes.to(tl.int32), axis=0)          # 1-based among the block's closing tokens
-    for i in range(tl.sum(closes.to(tl.int32), axis=0)):
-        pick = closes & (rank == i + 1)
-        ti = tl.sum(tl.where(pick, t, 0), axis=0)
-        pooled = _pool_window(ti, tl.sum(tl.where(pick, p, 0), axis=0), state_ptr, st_stride0, st_stride1, btab_ptr,
-                              btab_stride0, btab_stride1, req_ptr, req_stride, sbs, c0, D, BD, RATIO, C, CHUNK)
+    for i in range(count):
+        ti, pi, _ = _pick(i, t, p, slot, rank)
+        pooled = _pool_window(ti, pi, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1, req_ptr,
+                              req_stride, sbs, c0, D, BD, RATIO, C, CHUNK)
         tl.store(ws_ptr + ti * D + c0 + tl.arange(0, BD), pooled)
 
 
 @triton.jit
 def _finish(pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, ws_ptr, w_ptr, w_stride, eps, cs_ptr,
-            cache_ptr, block_size, page_bytes, D: tl.constexpr, RATIO: tl.constexpr, DS_MLA: tl.constexpr,
-            FP8_MAX: tl.constexpr):
-    """One program per token: the entry of the pooled row ``_pool`` left in ws."""
-    t = tl.program_id(0).to(tl.int64)
-    p, slot, closes = _closes(t, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO)
-    if closes:
-        pooled = tl.load(ws_ptr + t * D + tl.arange(0, D))
-        _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D, RATIO,
+            cache_ptr, block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr, DS_MLA: tl.constexpr,
+            FP8_MAX: tl.constexpr, TOKENS: tl.constexpr):
+    """Program of TOKENS tokens: the entries of the pooled rows ``_pool`` left in ws."""
+    t, p, slot, rank, count = _closing(n, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO,
+                                       TOKENS)
+    for i in range(count):
+        ti, pi, si = _pick(i, t, p, slot, rank)
+        pooled = tl.load(ws_ptr + ti * D + tl.arange(0, D))
+        _write_entry(pooled, pi, si, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D, RATIO,
                      DS_MLA, FP8_MAX)
 
 
@@ -194,13 +221,16 @@ def compress_kv_insert(a):
               table.stride(1), req, req.stride(0), sc.shape[1])
     entry = (a.norm_weight, a.norm_weight.stride(0), a.eps, a.cos_sin_cache, a.kv_cache)
     if channels == D:
-        _compress[(n,)](*window, *entry, slots, slots.stride(0), a.block_size, page_bytes, D=D, RATIO=a.ratio, C=c,
-                        CHUNK=chunk, DS_MLA=ds_mla, FP8_MAX=FP8_MAX["ocp"], num_warps=warps)
+        per = tun.compress_tokens
+        _compress[(triton.cdiv(n, per),)](*window, *entry, slots, slots.stride(0), a.block_size, page_bytes, n, D=D,
+                                          RATIO=a.ratio, C=c, CHUNK=chunk, DS_MLA=ds_mla, FP8_MAX=FP8_MAX["ocp"],
+                                          TOKENS=per, num_warps=warps)
         return None
     ws = torch.empty(n, D, dtype=torch.float32, device=a.kv.device)
     per = tun.compress_pool_tokens
     _pool[(triton.cdiv(n, per), D // channels)](*window, slots, slots.stride(0), ws, n, D=D, BD=channels, RATIO=a.ratio,
                                                 C=c, CHUNK=chunk, TOKENS=per, num_warps=tun.compress_pool_warps)
-    _finish[(n,)](pos, pos.stride(0), sslots, sslots.stride(0), slots, slots.stride(0), ws, *entry, a.block_size,
-                  page_bytes, D=D, RATIO=a.ratio, DS_MLA=ds_mla, FP8_MAX=FP8_MAX["ocp"], num_warps=warps)
+    _finish[(triton.cdiv(n, per),)](pos, pos.stride(0), sslots, sslots.stride(0), slots, slots.stride(0), ws, *entry,
+                                    a.block_size, page_bytes, n, D=D, RATIO=a.ratio, DS_MLA=ds_mla,
+                                    FP8_MAX=FP8_MAX["ocp"], TOKENS=per, num_warps=warps)
     return None

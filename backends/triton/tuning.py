@@ -50,7 +50,8 @@ class Tuning:
     compress_channels_c4: int = 512   # channels per pooling program; >= D: one program pools and writes
     compress_channels_c128: int = 64  # < D: (token, channel group) programs, then one writing the entry
     compress_pool_warps: int = 4    # the channel-group pooling programs
-    compress_pool_tokens: int = 64  # tokens per pooling program (it pools the windows they close in turn)
+    compress_pool_tokens: int = 64  # tokens per pooling / entry program (it takes the windows they close in turn)
+    compress_tokens: int = 1        # tokens per whole-window program (channels >= D)
 
 
 _TABLE = {
