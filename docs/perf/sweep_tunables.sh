@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Sweep the Triton einsum / top-k / logits / prefill / mqa / insert tunables on the production shapes (after
+# Sweep the Triton einsum / top-k / logits / prefill / mqa / insert / compress tunables on the production shapes (after
 # docs/gpu_run.sh installed the wheels): PYTHONPATH=/tmp/site bash docs/perf/sweep_tunables.sh LOG [SECTION...]
-# (sections: einsum topk logits prefill mqa insert; default all).
+# (sections: einsum topk logits prefill mqa insert compress; default all).
 log=${1:-/tmp/sweep_tunables.txt}; shift
-sections=" ${*:-einsum topk logits prefill mqa insert} "
+sections=" ${*:-einsum topk logits prefill mqa insert compress} "
 want() { [[ "$sections" == *" $1 "* ]]; }
 run() {  # op, config
   echo "== $1 $2" | tee -a "$log"
@@ -40,4 +40,13 @@ done
 want insert && for c in 1,4 2,2 2,4 4,2 4,4 4,8 8,4 8,8 16,8; do
   IFS=, read -r h w <<< "$c"
   run qnorm_rope_kv_insert insert_heads=$h,insert_warps=$w
+done
+# compress_kv_insert (8192-token prefill: C4 fp8_ds_mla, C128 fp8_ds_mla, C4 index keys); the first setting is the
+# defaults, the last pools each C128 window in one program as before. Compiled offline for sm90: the C128 pooling
+# programs use 220 registers at 64 channels x 16 positions x 4 warps, 128 at 32 channels or at 8 warps.
+want compress && for c in compress_warps=4 compress_channels_c128=32 compress_channels_c128=128,compress_pool_warps=8 \
+         compress_pool_warps=8 compress_chunk=8 compress_chunk=32 compress_pool_tokens=32 compress_pool_tokens=128 \
+         compress_save_elems=2048 compress_save_elems=4096 compress_warps=8 compress_tokens=4 \
+         compress_channels_c4=64,compress_pool_tokens=16 compress_channels_c128=512; do
+  run compress_kv_insert $c
 done
