@@ -55,10 +55,14 @@ def test_captured_layer_decode_step_replays(ratio, setting):
             captured = layer_example.run_step(layer, step, x, caches, op)
         for seed in (1, 2):
             fresh = layer_example.activations(layer, replace(step, number=step.number + 1000 * seed))
-            for name, value in vars(fresh).items():
-                getattr(x, name).copy_(value)                       # new values in the captured buffers
+
+            def load_fresh():                                       # new values in the captured buffers
+                for name, value in vars(fresh).items():
+                    getattr(x, name).copy_(value)
+            load_fresh()
             graph.replay()
             torch.cuda.synchronize()
+            load_fresh()                    # the step normalizes and ropes x.q in place: the same inputs again
             eager = layer_example.run_step(layer, step, x, caches, op)
             for key in ("attn", "z", "topk"):
                 if eager[key] is not None:
