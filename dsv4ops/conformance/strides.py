@@ -39,7 +39,9 @@ LAYOUTS = {
     "inv_rope_fp8_quant": {"o": ("sliced",), "positions": ("sliced", "expanded")},
     "compress_kv_insert": {"kv": ("sliced",), "score": ("sliced",), "positions": ("sliced", "expanded"),
                            "norm_weight": ("sliced", "expanded"), "state_cache": ("sliced",),
-                           "state_slot_mapping": ("sliced",), "state_block_table": ("sliced", "transposed", "expanded"),
+                           # not expanded: requests own disjoint state pages (docs/ops.md); one shared row
+                           # of pages makes each request pool the state rows another one wrote
+                           "state_slot_mapping": ("sliced",), "state_block_table": ("sliced", "transposed"),
                            "token_to_req": ("sliced", "expanded"), "slot_mapping": ("sliced",)},
 }
 
