@@ -64,12 +64,14 @@ _TABLE = {
     # sparse_mla_prefill starts from the decode tiles (not yet swept: docs/perf/sweep_tunables.sh).
     # qnorm_rope_kv_insert: 4 heads per program on 2 warps (H100-sweep-topk-radix-insert.txt: T=128
     # H=64 / 128 8.1 / 14.3 us, 70% / 79% of copy bandwidth; one head per program 9.3 / 16.0 us).
+    # compress_kv_insert: C128 pooled over 32 positions per step (H100-sweep-compress.txt, 8192-token
+    # prefill: 54.9 -> 48.0 us, 70% of copy bandwidth; one program per window: 313.6 us); C4 unchanged.
     ("cuda", "sm90"): Tuning(decode_block_h=64, decode_block_k=32, decode_warps=8, decode_waves=1,
                              prefill_block_h=64, prefill_block_k=32, prefill_warps=8, prefill_stages=1,
                              einsum_block_m=64, einsum_block_n=128, einsum_stages=4, logits_block_t=128,
                              mqa_block_q=2, mqa_block_s=128, mqa_chunk_s=2048, mqa_warps=8, mqa_stages=3,
                              topk_block=8192, topk_warps=16, topk_resident=16384, topk_min_piece=2048,
-                             insert_heads=4, insert_warps=2),
+                             insert_heads=4, insert_warps=2, compress_chunk=32),
     ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, prefill_block_h=16, prefill_block_k=16,
                           topk_block=64, topk_resident=128, topk_min_piece=32, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
                           einsum_block_m=16, einsum_block_n=128),
