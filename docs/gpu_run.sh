@@ -19,14 +19,18 @@ source "$repo/docs/gpu_install.sh"
 tag=${CHECK_OPS:+-${CHECK_OPS//,/-}}                 # CHECK_OPS=a,b: only those ops (a run split over calls)
 has check && python3 -m dsv4ops.cli check --tier full --backends triton,flashmla,deepgemm ${CHECK_OPS:+--ops $CHECK_OPS} \
   --json "$out/conformance_full$tag.json" 2>&1 | tee "$out/conformance_full$tag.txt"
-has bench && python3 -m dsv4ops.cli bench --json "$out/bench.json" 2>&1 | tee "$out/bench.txt"
+has bench && python3 -m dsv4ops.cli bench --shapes production,step --json "$out/bench.json" 2>&1 | tee "$out/bench.txt"
 has bench && python3 -m dsv4ops.cli bench --shapes sweep ${SWEEP_OPS:+--ops $SWEEP_OPS} --json "$out/bench-sweep.json" 2>&1 | tee "$out/bench-sweep.txt"
 if has overhead; then
   for i in 1 2; do python3 -m dsv4ops.cli bench --overhead --json "$out/overhead$i.json" 2>&1 | tee -a "$out/overhead.txt"; done
 fi
 step="python3 -m dsv4ops.examples.decode_step --device cuda --tokens 64 --heads 64 --context 4096 --time --settings"
 if has tune; then
-  python3 -m dsv4ops.cli tune --shapes "${TUNE_SHAPES:-production,step}" --out "$out/tuning.json" 2>&1 | tee "$out/tune.txt"
+  if [[ -f "$out/bench.json" ]]; then                 # this run's bench (production and step shapes): no second timing
+    python3 -m dsv4ops.cli tune --from-bench "$out/bench.json" --out "$out/tuning.json" 2>&1 | tee "$out/tune.txt"
+  else
+    python3 -m dsv4ops.cli tune --shapes "${TUNE_SHAPES:-production,step}" --out "$out/tuning.json" 2>&1 | tee "$out/tune.txt"
+  fi
   DSV4OPS_TUNING_TABLE="$out/tuning.json" $step auto triton \
     "sparse_mla_decode=flashmla,paged_mqa_logits=deepgemm,fp8_einsum=deepgemm,*=triton" 2>&1 | tee "$out/example_tuned.txt"
 fi

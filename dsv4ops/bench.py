@@ -444,7 +444,7 @@ def main(args) -> int:
     if args.tiny:
         case_list = [make_case(op, "quick", **params) for op, params in TINY.items()]
     else:
-        case_list = SHAPE_SETS[args.shapes]()
+        case_list = [c for name in args.shapes for c in SHAPE_SETS[name]()]
     case_list = [c for c in case_list if c.op in args.ops]
     on_gpu = device.type == "cuda"
     if args.overhead:

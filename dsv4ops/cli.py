@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import sys
 import textwrap
@@ -186,6 +187,7 @@ def cmd_bench(args) -> int:
     from . import bench
 
     args.ops, args.backends = parse_ops(args.ops), parse_backends(args.backends)
+    args.shapes = parse_shapes(args.shapes)
     check_plot_prefix(args.plot)
     args.json = open_output(args.json, "--json")
     return bench.main(args)
@@ -196,6 +198,12 @@ def cmd_tune(args) -> int:
 
     args.ops, args.backends = parse_ops(args.ops), parse_backends(args.backends)
     args.shapes = parse_shapes(args.shapes)
+    if args.from_bench:
+        try:
+            with open(args.from_bench) as f:
+                args.from_bench = json.load(f)
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--from-bench {args.from_bench!r}: cannot read a bench JSON ({exc})") from None
     open_output(args.out, "--out").close()
     return tune.main(args)
 
@@ -225,9 +233,10 @@ def main(argv=None) -> int:
     bench = command("bench", "time every available backend side by side")
     bench.add_argument("--ops", help="comma-separated ops (default: all)")
     bench.add_argument("--backends", help="comma-separated backends (default: every registered one but reference)")
-    bench.add_argument("--shapes", choices=("production", "sweep", "step"), default="production",
-                       help="production: the V4 serving shapes; sweep: the tuning sweeps; step: the calls of "
-                            "one C4 decode step (dsv4ops.examples.decode_step, 64 requests, 4K context)")
+    bench.add_argument("--shapes", default="production",
+                       help="comma-separated shape sets: production (the V4 serving shapes), sweep (the tuning "
+                            "sweeps), step (the calls of one C4 decode step: dsv4ops.examples.decode_step, 64 "
+                            "requests, 4K context), or all")
     bench.add_argument("--json", help="write the timings to this JSON file")
     bench.add_argument("--plot", metavar="PREFIX", help="write PREFIX<op>.png per op")
     bench.add_argument("--tiny", action="store_true", help="one tiny case per op (a smoke run, CPU included)")
@@ -240,6 +249,9 @@ def main(argv=None) -> int:
     tune.add_argument("--backends", help="comma-separated backends (default: every registered one but reference)")
     tune.add_argument("--shapes", default="all",
                       help="comma-separated shape sets to measure: production, sweep, step (see bench --shapes), or all")
+    tune.add_argument("--from-bench", metavar="BENCH_JSON",
+                      help="build the table from this `dsv4ops bench --json` result (measured on this machine, "
+                           "with the libraries installed now) instead of timing again; --shapes is then its set")
     tune.add_argument("--out", required=True, help="the table to write (JSON)")
     tune.set_defaults(fn=cmd_tune)
     args = parser.parse_args(argv)

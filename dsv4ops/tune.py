@@ -4,7 +4,8 @@ format in dsv4ops/tuning_table.py).
 
 Each backend's result is checked against the reference first (a wrong or declining backend is never
 chosen); timings are the bench's (CUDA-graph replay over rotating input sets). Cases whose shapes
-fall in one bucket keep the backend that was fastest on the most of them.
+fall in one bucket keep the backend that was fastest on the most of them. ``--from-bench`` builds the
+table from a ``dsv4ops bench --json`` file measured on this machine instead of timing again.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import collections
 
 from . import ops, tuning_table
 from .bench import SHAPE_SETS, Timing, bench
+from .errors import ConfigError
 from .conformance.cases import Case
 from .platform import platform
 
@@ -36,19 +38,35 @@ def entries_from(case_list: list[Case], rows: list[Timing], device) -> list[dict
                  **shown[(op, b, size)]) for (op, b, size) in wins]
 
 
+def from_bench(data: dict, plat) -> tuple[list[Case], list[Timing]]:
+    """The cases and timings of a ``dsv4ops bench --json`` result, if it was measured on ``plat``
+    with the libraries installed now (ConfigError otherwise)."""
+    if data.get("platform") != str(plat) or data.get("libraries") != dict(plat.libraries):
+        raise ConfigError(f"--from-bench: measured on {data.get('platform')} with {data.get('libraries')}, "
+                          f"not here ({plat}, {dict(plat.libraries)}): run dsv4ops bench on this machine")
+    rows = [Timing(**r) for r in data["results"]]
+    timed = {r.case for r in rows}
+    return [c for name in data["shapes"] for c in SHAPE_SETS[name]() if c.id in timed], rows
+
+
 def main(args) -> int:
-    """``args``: ops, backends, shapes (parsed lists: shape set names), out (path)."""
+    """``args``: ops, backends, shapes (parsed lists: shape set names), from_bench (a parsed bench
+    JSON or None), out (path)."""
     from .platform import default_device
 
     device = default_device()
     if device.type == "cpu":
         print("dsv4ops tune: no accelerator here; timings on the CPU (the interpreter) would choose nothing useful")
         return 2
-    case_list = [case for name in args.shapes for case in SHAPE_SETS[name]()]
-    case_list = [c for c in case_list if c.op in args.ops]
-    rows = bench(case_list, args.backends, device, None)
-    entries = entries_from(case_list, rows, device)
     plat = platform(device)
+    if args.from_bench:
+        case_list, rows = from_bench(args.from_bench, plat)
+        case_list = [c for c in case_list if c.op in args.ops]
+        rows = [r for r in rows if r.backend in args.backends]
+    else:
+        case_list = [c for name in args.shapes for c in SHAPE_SETS[name]() if c.op in args.ops]
+        rows = bench(case_list, args.backends, device, None)
+    entries = entries_from(case_list, rows, device)
     tuning_table.save(args.out, plat, entries)
     for e in entries:
         print(f"{e['op']:22s} {e['choice']:10s} {e['case']}")

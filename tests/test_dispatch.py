@@ -432,3 +432,28 @@ def test_tune_entries_keep_the_most_frequent_winner():
             Timing("indexer_topk", cases[2].id, "b", us=1.0), Timing("indexer_topk", cases[2].id, "a", note="skipped")]
     (entry,) = entries_from(cases, rows, "cpu")                  # one bucket: same shapes and arguments
     assert entry["op"] == "indexer_topk" and entry["choice"] == "b"
+
+
+def test_tune_from_a_bench_result_of_this_machine_only():
+    """``tune --from-bench``: the bench's timings give the table (fastest per bucket); a result
+    measured on another device or with other library versions is refused, naming both."""
+    from dataclasses import asdict
+
+    from dsv4ops.bench import Timing, step_cases
+    from dsv4ops.errors import ConfigError
+    from dsv4ops.platform import platform
+    from dsv4ops.tune import entries_from, from_bench
+
+    plat = platform(torch.device("cpu"))
+    case = next(c for c in step_cases() if c.op == "indexer_topk")
+    rows = [Timing(case.op, case.id, "triton", us=9.0), Timing(case.op, case.id, "flashinfer", us=7.0),
+            Timing(case.op, case.id, "deepselect", note="skipped: arch")]
+    data = dict(platform=str(plat), libraries=dict(plat.libraries), shapes=["step"], results=[asdict(r) for r in rows])
+    cases, timings = from_bench(data, plat)
+    assert [c.id for c in cases] == [case.id]
+    entry, = entries_from(cases, timings, "cpu")
+    assert entry["choice"] == "flashinfer" and entry["timings_us"] == {"triton": 9.0, "flashinfer": 7.0}
+    with pytest.raises(ConfigError, match="not here"):
+        from_bench({**data, "platform": "cuda:sm90 [NVIDIA H100 80GB HBM3]"}, plat)
+    with pytest.raises(ConfigError, match="not here"):
+        from_bench({**data, "libraries": {**data["libraries"], "torch": "0.0"}}, plat)
