@@ -39,10 +39,11 @@ LAYOUTS = {
     "inv_rope_fp8_quant": {"o": ("sliced",), "positions": ("sliced", "expanded")},
     "compress_kv_insert": {"kv": ("sliced",), "score": ("sliced",), "positions": ("sliced", "expanded"),
                            "norm_weight": ("sliced", "expanded"), "state_cache": ("sliced",),
-                           # not expanded: requests own disjoint state pages (docs/ops.md); one shared row
-                           # of pages makes each request pool the state rows another one wrote
+                           # the state table and token_to_req not expanded: requests own disjoint state pages
+                           # (docs/ops.md) and a token pools its own request's; a broadcast row or request
+                           # makes tokens pool state rows another request wrote, or none did (poisoned)
                            "state_slot_mapping": ("sliced",), "state_block_table": ("sliced", "transposed"),
-                           "token_to_req": ("sliced", "expanded"), "slot_mapping": ("sliced",)},
+                           "token_to_req": ("sliced",), "slot_mapping": ("sliced",)},
 }
 
 # Base cases (input-builder parameters) per op and tier; each tensor argument's variants are taken
