@@ -41,6 +41,12 @@ PREFERENCES = (
         when=lambda key: key.q.shape[1] <= 16 and key.size_class <= 8,
         evidence="H100 sweep (docs/perf/H100.md): with H <= 16 heads FlashMLA pads to 64 and the Triton "
                  "kernel is 1.0-1.5x faster up to T = 128 tokens (0.8x at T = 512)"),
+    Preference(
+        "paged_mqa_logits", ("cuda", "sm90"), prefer="triton", over="deepgemm",
+        when=lambda key: key.q.shape[1] == 1 and key.max_context_len <= 8192,
+        evidence="H100 bench (docs/perf/H100-bench.json, H100-bench-sweep-logits.json): one token per request "
+                 "and up to 8K compressed tokens, the Triton kernel is 1.0-2.1x DeepGEMM's (B = 8-128); at "
+                 "32K (0.87x at B = 128) and with next_n = 2 (0.89x) DeepGEMM is faster"),
 )
 
 

@@ -324,6 +324,23 @@ def test_preference_by_heads_and_size_class():
         assert prefs(T=8, H=16) == {}
 
 
+def test_preference_for_triton_logits_by_next_n_and_context():
+    """sm90: the Triton paged logits outrank DeepGEMM's for one token per request up to 8K (measured)."""
+    from dsv4ops.conformance.cases import make_case
+    from dsv4ops.ops import OPS
+    from dsv4ops.priorities import preferred
+
+    def prefs(next_n, context):
+        kw = make_case("paged_mqa_logits", B=2, next_n=next_n, context=context).build("cpu", 0)
+        return preferred("paged_mqa_logits", dsv4ops.platform().key, OPS["paged_mqa_logits"].validate_call(**kw).key)
+
+    with dsv4ops.simulate_platform("cuda", "sm90"):
+        assert prefs(1, 2048) == {"triton": "deepgemm"} and prefs(1, 8192) == {"triton": "deepgemm"}
+        assert prefs(2, 2048) == {} and prefs(1, 16384) == {}
+    with dsv4ops.simulate_platform("cuda", "sm100"):
+        assert prefs(1, 2048) == {}
+
+
 @pytest.mark.parametrize("cc,arch", [((9, 0), "sm90"), ((10, 0), "sm100"), ((10, 3), "sm103"), ((12, 0), "sm120"),
                                      ((12, 1), "sm121")])
 def test_cuda_arch_tags(cc, arch):
