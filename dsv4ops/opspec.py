@@ -262,7 +262,7 @@ def _over_typed_args(spec: OpSpec) -> tuple[Callable, Callable]:
     """``structure(a)``: the structure key of typed args ``a`` without the backend (what prepared
     calls compare); ``guarded(a)``: the tensors a compiled guard of that structure checks."""
     scalars, structure, guarded = _key_terms(spec, lambda n: "a." + n)
-    source = (f"def structure(a):\n    return (({', '.join(scalars)},), {', '.join(structure)})\n"
+    source = (f"def structure(a):\n    return (({''.join(t + ', ' for t in scalars)}), {', '.join(structure)})\n"
               f"def guarded(a):\n    return ({', '.join(guarded)},)\n")
     namespace = {"Tensor": torch.Tensor, **_absent_names(spec)}
     exec(compile(source, f"<dsv4ops op {spec.name} structure>", "exec"), namespace)
