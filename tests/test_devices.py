@@ -5,7 +5,8 @@ import torch
 
 import dsv4ops
 from dsv4ops import OP_NAMES
-from dsv4ops.conformance import run_matrix, select_cases, typical_case
+from dsv4ops import selection, tensor_guard
+from dsv4ops.conformance import run_case, run_matrix, select_cases, typical_case
 
 
 
@@ -40,6 +41,29 @@ def test_quick_tier_on_a_device_that_is_not_current(current, target):
     ran = [r for r in results if r.status != "skip"]
     bad = [f"{r.backend} {r.case.id}: {r.message}" for r in ran if r.status != "pass"]
     assert ran and not bad, "\n".join(bad)
+
+
+@pytest.mark.gpu
+@needs_two_gpus
+@pytest.mark.parametrize("op", OP_NAMES)
+def test_repeated_calls_on_alternating_devices(op, monkeypatch):
+    """After its first call a structure skips validation (the compiled guard, else the structure key):
+    the same case on cuda:1, again, then on cuda:0 and back, with cuda:0 current, every call judged
+    against the reference; the device index keeps the structures apart."""
+    from dsv4ops.ops import OPS
+    validated = []
+    real = OPS[op].validate
+    monkeypatch.setattr(OPS[op], "validate", lambda args: validated.append(1) or real(args))
+    selection.clear_cache()
+    targets = (1, 1, 0, 0, 1)
+    with torch.cuda.device(0):
+        for target in targets:
+            result = run_case(typical_case(op), None, torch.device("cuda", target), seed=target)
+            assert result.status == "pass", f"cuda:{target}: {result.message}"
+    # run_case validates once per call to choose; the calls themselves only per new structure:
+    # (auto, reference) x (cuda:1, cuda:0)
+    assert len(validated) == len(targets) + 4
+    assert len(selection.recent_structures(op)) == (4 if tensor_guard.AVAILABLE else 0)
 
 
 @pytest.mark.parametrize("op", OP_NAMES)
