@@ -401,8 +401,16 @@ def _sync(device):
 
 # ---------------------------------------------------------------------------------------------
 
+def roofline_fraction(t: Timing) -> float | None:
+    """The roofline's time over the measured time: ``max(bytes / copy bandwidth, flops / matrix
+    rate)`` is the fastest the call could run, so the fraction is the larger of the two fractions."""
+    fractions = [f for f in (t.bandwidth_fraction, t.compute_fraction) if f is not None]
+    return max(fractions) if fractions else None
+
+
 def plot(rows: list[Timing], prefix: str) -> list[str]:
-    """One PNG per op: µs per backend across the op's cases (log scale)."""
+    """One PNG per op: per backend across the op's cases, µs per call (log scale) and, where the
+    device ceilings were measured, the fraction of the roofline reached."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -415,17 +423,22 @@ def plot(rows: list[Timing], prefix: str) -> list[str]:
             continue
         cases = list(dict.fromkeys(r.case for r in timed))
         backends = list(dict.fromkeys(r.backend for r in timed))
-        fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(cases)), 4))
+        panels = [("µs per call (median)", lambda r: r.us, "log")]
+        if any(roofline_fraction(r) is not None for r in timed):
+            panels.append(("fraction of the roofline", roofline_fraction, "linear"))
+        fig, axes = plt.subplots(1, len(panels), figsize=(len(panels) * max(6, 1.4 * len(cases)), 4), squeeze=False)
         width = 0.8 / len(backends)
-        for i, name in enumerate(backends):
-            values = [next((r.us for r in timed if r.case == c and r.backend == name), float("nan")) for c in cases]
-            ax.bar([j + i * width for j in range(len(cases))], values, width, label=name)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))])
-        ax.set_xticklabels([c[len(op) + 1:-1].replace(",", "\n") for c in cases], fontsize=6)
-        ax.set_yscale("log")
-        ax.set_ylabel("µs per call (median)")
-        ax.set_title(op)
-        ax.legend()
+        for ax, (label, value, scale) in zip(axes[0], panels):
+            for i, name in enumerate(backends):
+                bars = [next((value(r) for r in timed if r.case == c and r.backend == name), None) for c in cases]
+                ax.bar([j + i * width for j in range(len(cases))], [float("nan") if v is None else v for v in bars],
+                       width, label=name)
+            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cases))])
+            ax.set_xticklabels([c[len(op) + 1:-1].replace(",", "\n") for c in cases], fontsize=6)
+            ax.set_yscale(scale)
+            ax.set_ylabel(label)
+            ax.set_title(op)
+            ax.legend()
         fig.tight_layout()
         path = f"{prefix}{op}.png"
         fig.savefig(path, dpi=120)

@@ -85,3 +85,12 @@ def test_cost_model_mqa_logits():
     inputs = T * H * 128 + S * 128 + S * 4 + T * H * 4 + 2 * T * 4
     assert cost("mqa_logits", kw) == (inputs + 9 * 4, 2 * 9 * H * 128)
     assert cost("mqa_logits", {**kw, "clean": True}) == (inputs + T * S * 4, 2 * 9 * H * 128)
+
+
+def test_roofline_fraction_is_the_binding_resource():
+    """The roofline time is max(bytes / bandwidth, flops / rate): the larger fraction, or none."""
+    from dsv4ops.bench import Timing, roofline_fraction
+
+    assert roofline_fraction(Timing("op", "case", "b", us=1.0, bandwidth_fraction=0.3, compute_fraction=0.6)) == 0.6
+    assert roofline_fraction(Timing("op", "case", "b", us=1.0, bandwidth_fraction=0.3)) == 0.3
+    assert roofline_fraction(Timing("op", "case", "b", us=1.0)) is None
