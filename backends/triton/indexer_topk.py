@@ -195,6 +195,6 @@ def _launch(rows, mode, tune, k, grid, cand, n_cand, out, out_stride, chunk, spa
     """One launch whose programs each select among ``span`` positions: resident when they fit."""
     resident = span <= tune.topk_resident
     block = triton.next_power_of_2(max(span, 16)) if resident else tune.topk_block
-    warps = min(max(block // 1024, 4), 16) if resident else tune.topk_warps
+    warps = min(max(block // (32 * tune.topk_keys_per_thread), 4), 32) if resident else tune.topk_warps
     _indexer_topk_kernel[grid](*rows, cand, n_cand, out, out_stride, k, chunk, MODE=mode, GATHER=gather,
                                LOCAL=local, BLOCK=block, RESIDENT=resident, num_warps=warps)

@@ -40,6 +40,7 @@ class Tuning:
     topk_warps: int = 8
     topk_resident: int = 32768      # the most positions a program selects from in registers
     topk_min_piece: int = 4096      # shortest piece a row is split into to fill the GPU
+    topk_keys_per_thread: int = 32  # resident selection: keys each thread holds (sets the warps, 4 to 32)
     insert_heads: int = 4           # query heads per qnorm_rope_kv_insert program
     insert_warps: int = 4
     inv_rope_heads: int = 4         # heads per inv_rope_fp8_quant program
@@ -60,7 +61,8 @@ _TABLE = {
     # at B=128, 8K). Top-k: pieces of up to 16384 columns select in registers, rows split down to
     # 2048-column pieces when rows are few (H100-topk-sweep-tunables.txt: 128 x 32768 k=512 105 us,
     # was 144 us streamed; 128 x 65536 207 us vs 504 us with 32768-column pieces; 4 x 8192 25 us);
-    # streamed blocks of 8192 on 16 warps for larger stage-2 candidate sets.
+    # streamed blocks of 8192 on 16 warps for larger stage-2 candidate sets; 32 keys per thread
+    # (H100-sweep-topk-warps.txt: 16 / 32 / 64 keys per thread 121.8 / 104.5 / 136.0 us).
     # sparse_mla_prefill starts from the decode tiles (not yet swept: docs/perf/sweep_tunables.sh).
     # qnorm_rope_kv_insert: 4 heads per program on 2 warps (H100-sweep-topk-radix-insert.txt: T=128
     # H=64 / 128 8.1 / 14.3 us, 70% / 79% of copy bandwidth; one head per program 9.3 / 16.0 us).

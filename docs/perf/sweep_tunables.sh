@@ -18,6 +18,7 @@ want einsum && for c in einsum_block_m=64,einsum_block_n=128,einsum_warps=4,eins
          einsum_block_m=64,einsum_block_n=128,einsum_warps=4,einsum_stages=3; do run fp8_einsum $c; done
 # top-k: the longest resident piece (rows split to fill the GPU)
 want topk && for res in 16384 8192 4096; do run indexer_topk topk_resident=$res,topk_min_piece=2048; done
+want topk-warps && for kpt in 16 32 64; do run indexer_topk topk_keys_per_thread=$kpt; done
 want logits && for c in logits_block_t=64,logits_warps=4 logits_block_t=128,logits_warps=4 \
          logits_block_t=128,logits_warps=8 logits_block_t=256,logits_warps=8 logits_block_t=64,logits_warps=8; \
          do run paged_mqa_logits $c; done
