@@ -101,6 +101,11 @@ def sweep_cases() -> list[Case]:
 SHAPE_SETS = {"production": production_cases, "sweep": sweep_cases, "step": step_cases}
 
 
+def shape_cases(names: list[str]) -> list[Case]:
+    """The cases of the named shape sets, in order."""
+    return [case for name in names for case in SHAPE_SETS[name]()]
+
+
 def _nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
@@ -457,7 +462,7 @@ def main(args) -> int:
     if args.tiny:
         case_list = [make_case(op, "quick", **params) for op, params in TINY.items()]
     else:
-        case_list = [c for name in args.shapes for c in SHAPE_SETS[name]()]
+        case_list = shape_cases(args.shapes)
     case_list = [c for c in case_list if c.op in args.ops]
     on_gpu = device.type == "cuda"
     if args.overhead:

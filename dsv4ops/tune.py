@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 
 from . import ops, tuning_table
-from .bench import SHAPE_SETS, Timing, bench
+from .bench import Timing, bench, shape_cases
 from .errors import ConfigError
 from .conformance.cases import Case
 from .platform import platform
@@ -46,7 +46,7 @@ def from_bench(data: dict, plat) -> tuple[list[Case], list[Timing]]:
                           f"not here ({plat}, {dict(plat.libraries)}): run dsv4ops bench on this machine")
     rows = [Timing(**r) for r in data["results"]]
     timed = {r.case for r in rows}
-    return [c for name in data["shapes"] for c in SHAPE_SETS[name]() if c.id in timed], rows
+    return [c for c in shape_cases(data["shapes"]) if c.id in timed], rows
 
 
 def main(args) -> int:
@@ -64,7 +64,7 @@ def main(args) -> int:
         case_list = [c for c in case_list if c.op in args.ops]
         rows = [r for r in rows if r.backend in args.backends]
     else:
-        case_list = [c for name in args.shapes for c in SHAPE_SETS[name]() if c.op in args.ops]
+        case_list = [c for c in shape_cases(args.shapes) if c.op in args.ops]
         rows = bench(case_list, args.backends, device, None)
     entries = entries_from(case_list, rows, device)
     tuning_table.save(args.out, plat, entries)

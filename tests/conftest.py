@@ -25,6 +25,18 @@ def env(monkeypatch):
 
 
 @pytest.fixture
+def validations(monkeypatch):
+    """``validations(op_name)``: a list that grows by one each time that op validates a call."""
+    from dsv4ops.ops import OPS
+
+    def watch(op_name: str) -> list:
+        validated, real = [], OPS[op_name].validate
+        monkeypatch.setattr(OPS[op_name], "validate", lambda args: validated.append(1) or real(args))
+        return validated
+    return watch
+
+
+@pytest.fixture
 def gen():
     return torch.Generator().manual_seed(1234)
 

@@ -46,14 +46,11 @@ def test_quick_tier_on_a_device_that_is_not_current(current, target):
 @pytest.mark.gpu
 @needs_two_gpus
 @pytest.mark.parametrize("op", OP_NAMES)
-def test_repeated_calls_on_alternating_devices(op, monkeypatch):
+def test_repeated_calls_on_alternating_devices(op, validations):
     """After its first call a structure skips validation (the compiled guard, else the structure key):
     the same case on cuda:1, again, then on cuda:0 and back, with cuda:0 current, every call judged
     against the reference; the device index keeps the structures apart."""
-    from dsv4ops.ops import OPS
-    validated = []
-    real = OPS[op].validate
-    monkeypatch.setattr(OPS[op], "validate", lambda args: validated.append(1) or real(args))
+    validated = validations(op)
     selection.clear_cache()
     targets = (1, 1, 0, 0, 1)
     with torch.cuda.device(0):

@@ -186,18 +186,10 @@ def fast_path(request, monkeypatch):
     selection.clear_cache()
 
 
-def counting_validations(monkeypatch, op_name: str) -> list:
-    from dsv4ops.ops import OPS
-    validated = []
-    real = OPS[op_name].validate
-    monkeypatch.setattr(OPS[op_name], "validate", lambda args: validated.append(1) or real(args))
-    return validated
-
-
-def test_fast_path_skips_validation_only_for_known_structures(env, fakes, monkeypatch, fast_path):
+def test_fast_path_skips_validation_only_for_known_structures(env, fakes, validations, fast_path):
     """On accelerators a structure seen before skips validation and selection; anything new
     (shape, dtype, a scalar's type, backend setting) goes through both again."""
-    validated = counting_validations(monkeypatch, "indexer_topk")
+    validated = validations("indexer_topk")
     kw = topk_args()
     for _ in range(3):
         dsv4ops.indexer_topk(**kw)
@@ -221,7 +213,7 @@ def test_fast_path_skips_validation_only_for_known_structures(env, fakes, monkey
     assert len(validated) == 8                                   # debug: always validated
 
 
-def test_fast_path_many_structures_in_turn(fakes, monkeypatch, fast_path):
+def test_fast_path_many_structures_in_turn(fakes, validations, fast_path):
     """More structures than the recent-guard list holds, called in turn (layers of different kinds),
     some with one tensor passed for two arguments (which the compiled guard refuses), optional
     tensors present and absent: each call gets its own structure's decision, each structure is
@@ -235,7 +227,7 @@ def test_fast_path_many_structures_in_turn(fakes, monkeypatch, fast_path):
     variants.append(dict(base, row_starts=None, row_ends=None, seq_lens=torch.full((4,), 60, dtype=torch.int32)))
     assert len(variants) > selection.RECENT
     expected = [dsv4ops.reference.indexer_topk(**kw) for kw in variants]
-    validated = counting_validations(monkeypatch, "indexer_topk")
+    validated = validations("indexer_topk")
     for round_ in range(3):
         for i, kw in enumerate(variants):
             fakes.clear()
