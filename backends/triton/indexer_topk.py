@@ -75,13 +75,14 @@ def _next_digit(hist, remaining, BINS: tl.constexpr):
 
 
 @triton.jit
-def _kth_largest(key, live, want):
-    """The ``want``-th largest of the live keys (all ones when ``want`` is 0), bit by bit from the
-    top: keep a bit when at least ``want`` live keys are >= the candidate with it set."""
+def _kth_largest(key, want):
+    """The ``want``-th largest of ``key`` (all ones when ``want`` is 0), bit by bit from the top: keep
+    a bit when at least ``want`` keys are >= the candidate with it set. Dead positions hold key 0,
+    which no candidate (>= 1) counts, so the loop holds the keys alone (no mask in registers)."""
     threshold = tl.zeros((), tl.uint32)
     for bit in tl.static_range(32):
         trial = threshold | (tl.full((), 1, tl.uint32) << (31 - bit))
-        count = tl.sum((live & (key >= trial)).to(tl.int32), axis=0)
+        count = tl.sum(tl.where(key >= trial, 1, 0), axis=0)
         threshold = tl.where(count >= want, trial, threshold)
     return threshold
 
@@ -109,7 +110,8 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
     if RESIDENT:                                 # hi - lo <= BLOCK: one load, selection in registers
         col, live, key = _candidates(src, stride_c, cand_row, lo + tl.arange(0, BLOCK), lo, hi, GATHER)
         want = tl.minimum(tl.sum(live.to(tl.int32), axis=0), k)
-        threshold = _kth_largest(key, live, want)
+        key = tl.where(live, key, 0)
+        threshold = _kth_largest(key, want)
         above = live & (key > threshold)
         written = tl.sum(above.to(tl.int32), axis=0)
         tl.store(dst + tl.cumsum(above.to(tl.int32), axis=0) - 1, (col - base).to(tl.int32), mask=above)
