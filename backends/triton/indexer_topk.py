@@ -88,11 +88,56 @@ def _kth_largest(key, want):
 
 
 @triton.jit
+def _candidate_floor(src, stride_c, cand_row, lo, hi, n_live, want, GATHER: tl.constexpr, SAMPLE: tl.constexpr,
+                     CAP: tl.constexpr):
+    """A key ``floor`` such that, with high probability, between ``want`` and ``CAP`` live keys are >=
+    it: a key of a sample (``SAMPLE`` positions at a regular stride over [lo, hi), loaded again) whose
+    sample rank, scaled to the whole set, is the middle of that range; 1 (every live key but the
+    lowest, which no bisection trial counts) when the ``n_live`` live keys fit ``CAP``. Never 0, so
+    that dead positions (key 0) stay out."""
+    stride = tl.maximum(tl.cdiv(hi - lo, SAMPLE), 1)
+    _, live, key = _candidates(src, stride_c, cand_row, lo + tl.arange(0, SAMPLE) * stride, lo, hi, GATHER)
+    sampled = tl.sum(live.to(tl.int32), axis=0)
+    rank = tl.minimum(tl.cdiv(sampled * (want + CAP), 2 * tl.maximum(n_live, 1)), sampled)
+    floor = _kth_largest(tl.where(live, key, 0), rank)
+    return tl.where(n_live <= CAP, 1, tl.maximum(floor, 1))
+
+
+@triton.jit
+def _compact(key, chosen, n_chosen, scratch, CAP: tl.constexpr):
+    """The ``n_chosen`` (<= CAP) keys where ``chosen``, packed through this program's ``CAP`` int32
+    scratch slots into a ``[CAP]`` block; key 0 (which no bisection trial counts) after them."""
+    pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+    tl.store(scratch + pos, key.to(tl.int32, bitcast=True), mask=chosen)
+    tl.debug_barrier()                           # the block reads back what its threads wrote
+    slot = tl.arange(0, CAP)
+    return tl.load(scratch + slot, mask=slot < n_chosen, other=0).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _threshold(key, n_live, want, src, stride_c, cand_row, lo, hi, scratch, GATHER: tl.constexpr,
+               SAMPLED: tl.constexpr, SAMPLE: tl.constexpr, CAP: tl.constexpr):
+    """The ``want``-th largest of the live keys (``key`` 0 where dead; all ones when ``want`` is 0).
+    SAMPLED: bisect the at most CAP keys >= a sampled floor when at least ``want`` of them are (every
+    key >= the answer then is one, so the bisection takes the same steps); else bisect all keys."""
+    if SAMPLED:
+        chosen = key >= _candidate_floor(src, stride_c, cand_row, lo, hi, n_live, want, GATHER, SAMPLE, CAP)
+        n_chosen = tl.sum(chosen.to(tl.int32), axis=0)
+        if (n_chosen >= want) & (n_chosen <= CAP):
+            threshold = _kth_largest(_compact(key, chosen, n_chosen, scratch, CAP), want)
+        else:                                    # ties, equal keys, an unlucky sample
+            threshold = _kth_largest(key, want)
+    else:
+        threshold = _kth_largest(key, want)
+    return threshold
+
+
+@triton.jit
 def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1,
                          next_n, cand_ptr,
-                         n_cand, out_ptr, out_stride, k, chunk,
+                         n_cand, out_ptr, out_stride, k, chunk, scratch_ptr,
                          MODE: tl.constexpr, GATHER: tl.constexpr, LOCAL: tl.constexpr, BLOCK: tl.constexpr,
-                         RESIDENT: tl.constexpr):
+                         RESIDENT: tl.constexpr, SAMPLED: tl.constexpr, SAMPLE: tl.constexpr, CAP: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
@@ -109,9 +154,12 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
 
     if RESIDENT:                                 # hi - lo <= BLOCK: one load, selection in registers
         col, live, key = _candidates(src, stride_c, cand_row, lo + tl.arange(0, BLOCK), lo, hi, GATHER)
-        want = tl.minimum(tl.sum(live.to(tl.int32), axis=0), k)
+        n_live = tl.sum(live.to(tl.int32), axis=0)
+        want = tl.minimum(n_live, k)
         key = tl.where(live, key, 0)
-        threshold = _kth_largest(key, want)
+        scratch = scratch_ptr + (row * tl.num_programs(1) + part) * CAP
+        threshold = _threshold(key, n_live, want, src, stride_c, cand_row, lo, hi, scratch, GATHER, SAMPLED,
+                               SAMPLE, CAP)
         above = live & (key > threshold)
         written = tl.sum(above.to(tl.int32), axis=0)
         tl.store(dst + tl.cumsum(above.to(tl.int32), axis=0) - 1, (col - base).to(tl.int32), mask=above)
@@ -183,20 +231,31 @@ def indexer_topk(a):
 
 
 def _split(R: int, W: int, k: int, tune, sms: int) -> tuple[int, int]:
-    """(pieces per row, columns per piece): enough pieces that each fits a resident block and that
-    R * pieces fills the multiprocessors, none shorter than ``topk_min_piece`` or 2k."""
+    """(pieces per row, columns per piece): enough pieces that each fits a resident block and, when
+    rows are fewer than the multiprocessors, as many as one wave of programs holds (a resident
+    program of ``topk_resident`` columns fills a multiprocessor), none shorter than
+    ``topk_min_piece`` or 2k."""
     pieces = triton.cdiv(W, tune.topk_resident)
     if R < sms:
-        pieces = max(pieces, min(triton.cdiv(sms, R), W // max(tune.topk_min_piece, 2 * k)))
+        pieces = max(pieces, min(sms // R, W // max(tune.topk_min_piece, 2 * k)))
     if pieces <= 1:
         return 1, W
     return pieces, max(triton.cdiv(W, pieces), k)
 
 
 def _launch(rows, mode, tune, k, grid, cand, n_cand, out, out_stride, chunk, span, *, gather, local):
-    """One launch whose programs each select among ``span`` positions: resident when they fit."""
+    """One launch whose programs each select among ``span`` positions: resident when they fit, and
+    through ``topk_sample`` sampled keys and ``topk_cap`` candidates when those are fewer and hold 2k."""
     resident = span <= tune.topk_resident
     block = triton.next_power_of_2(max(span, 16)) if resident else tune.topk_block
     warps = min(max(block // (32 * tune.topk_keys_per_thread), 4), 32) if resident else tune.topk_warps
-    _indexer_topk_kernel[grid](*rows, cand, n_cand, out, out_stride, k, chunk, MODE=mode, GATHER=gather,
-                               LOCAL=local, BLOCK=block, RESIDENT=resident, num_warps=warps)
+    sampled = resident and 2 * k <= tune.topk_cap < block
+    scratch = _scratch(grid[0] * grid[1] * tune.topk_cap if sampled else 0, out.device)
+    _indexer_topk_kernel[grid](*rows, cand, n_cand, out, out_stride, k, chunk, scratch, MODE=mode, GATHER=gather,
+                               LOCAL=local, BLOCK=block, RESIDENT=resident, SAMPLED=sampled,
+                               SAMPLE=min(tune.topk_sample, block), CAP=tune.topk_cap, num_warps=warps)
+
+
+def _scratch(n: int, device) -> torch.Tensor:
+    """int32 [n]: ``topk_cap`` slots per program of a sampled selection (never read before written)."""
+    return torch.empty(max(n, 1), dtype=torch.int32, device=device)

@@ -41,6 +41,8 @@ class Tuning:
     topk_resident: int = 32768      # the most positions a program selects from in registers
     topk_min_piece: int = 4096      # shortest piece a row is split into to fill the GPU
     topk_keys_per_thread: int = 32  # resident selection: keys each thread holds (sets the warps, 4 to 32)
+    topk_sample: int = 2048         # resident selection: keys sampled to find a floor under the k-th largest
+    topk_cap: int = 4096            # ... and the most keys >= it bisected exactly (else all are; used when 2k <= cap)
     insert_heads: int = 4           # query heads per qnorm_rope_kv_insert program
     insert_warps: int = 4
     inv_rope_heads: int = 4         # heads per inv_rope_fp8_quant program
@@ -75,7 +77,7 @@ _TABLE = {
                              topk_block=8192, topk_warps=16, topk_resident=16384, topk_min_piece=2048,
                              insert_heads=4, insert_warps=2, compress_chunk=32),
     ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, prefill_block_h=16, prefill_block_k=16,
-                          topk_block=64, topk_resident=128, topk_min_piece=32, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
+                          topk_block=64, topk_resident=128, topk_min_piece=32, topk_sample=32, topk_cap=64, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
                           einsum_block_m=16, einsum_block_n=128),
 }
 
