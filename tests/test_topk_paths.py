@@ -56,8 +56,8 @@ def sampled_programs(buf):
     return int((buf[:, 0] != 0).sum())
 
 
-def run(env, logits, k, *, starts=None, ends=None, lens=None, next_n=1):
-    env(DSV4OPS_TRITON_TUNING=TUNING)
+def run(env, logits, k, *, starts=None, ends=None, lens=None, next_n=1, tuning=TUNING):
+    env(DSV4OPS_TRITON_TUNING=tuning)
     R = logits.shape[0]
     out = torch.full((R, k), 7777, dtype=torch.int32)           # poison
     if lens is None:
@@ -84,8 +84,11 @@ def special_values(gen, logits):
 
 @pytest.mark.parametrize("mode", ["ranges", "decode1d", "decode2d"])
 @pytest.mark.parametrize("k", [1, 16, 40])
-def test_sampled_path_is_exact_on_random_rows(env, scratch, mode, k):
+@pytest.mark.parametrize("bits", [32, 8])
+def test_sampled_path_is_exact_on_random_rows(env, scratch, mode, k, bits):
+    """``bits``: the sample's bisection finds the floor's top bits only (a lower floor)."""
     gen = torch.Generator().manual_seed(k + len(mode))
+    tuning = f"{TUNING},topk_sample_bits={bits}"
     R, next_n = 16, 2
     logits = torch.randn(R, W, generator=gen)
     lens = torch.randint(CAP + 1, W + 1, (R // next_n,), generator=gen)
@@ -94,16 +97,16 @@ def test_sampled_path_is_exact_on_random_rows(env, scratch, mode, k):
         starts = torch.randint(0, W // 8, (R,), generator=gen)
         ends = torch.maximum(starts, torch.randint(W // 2, W + 1, (R,), generator=gen))
         ends[0] = W
-        got = run(env, logits, k, starts=starts, ends=ends)
+        got = run(env, logits, k, starts=starts, ends=ends, tuning=tuning)
     elif mode == "decode1d":
         starts = torch.zeros(R, dtype=torch.int64)
         ends = (lens.repeat_interleave(next_n) - next_n + torch.arange(R) % next_n + 1).clamp_min(0)
-        got = run(env, logits, k, lens=lens, next_n=next_n)
+        got = run(env, logits, k, lens=lens, next_n=next_n, tuning=tuning)
     else:
         lens2 = torch.randint(0, W + 1, (R // next_n, next_n), generator=gen)
         lens2[0, 0] = W
         starts, ends = torch.zeros(R, dtype=torch.int64), lens2.reshape(-1)
-        got = run(env, logits, k, lens=lens2, next_n=next_n)
+        got = run(env, logits, k, lens=lens2, next_n=next_n, tuning=tuning)
     assert_exact(got, logits, k, starts, ends)
     (buf,) = scratch()
     long_rows = int(((ends - starts) > 0).sum())

@@ -4,13 +4,22 @@ A program selects the k largest of a set of positions and writes them (ties as m
 column order), then -1 up to k. Two ways to find the k-th largest key, chosen at compile time:
 
 - resident (the set fits one block, ``topk_resident`` columns): the keys are loaded once and stay
-  in registers; 32 bisection steps over the key bits, each a block reduction (no atomics), find it.
+  in registers. When the block is larger than ``topk_cap`` (and 2k fit it), a sample of
+  ``topk_sample`` keys at a regular stride (loaded again, from cache) gives a floor, one compare
+  counts the keys at or above it, and when they number at least k and at most the cap they are
+  compacted into per-program scratch slots (global memory, read back after a block barrier), where
+  32 bisection steps over the key bits, each a block reduction (no atomics), find the k-th largest
+  among at most ``topk_cap`` keys. Every key at or above the answer is among them, so the steps
+  decide as they would on all keys. Otherwise (equal logits, heavy ties, an unlucky sample) the
+  32 steps run over every key. Either way the keys above the answer are written at their cumsum
+  positions, then the ties in column order.
 - streamed (larger sets): 4 passes of an 8-bit histogram over the positions, block by block.
 
 A row is split into pieces, one program each, when it is longer than a resident block or when
-there are too few rows to fill the GPU; each piece keeps its k largest columns (stage 1: the row's
-top-k is inside the union of the pieces' top-k), and a second program per row selects from those
-candidates (stage 2), gathering their logits. Output columns are row-local (``column - row_start``).
+there are fewer rows than multiprocessors (then as many pieces as one wave holds); each piece keeps
+its k largest columns (stage 1: the row's top-k is inside the union of the pieces' top-k), and a
+second program per row selects from those candidates (stage 2), gathering their logits, the same
+two ways. Output columns are row-local (``column - row_start``).
 """
 from __future__ import annotations
 
@@ -75,12 +84,13 @@ def _next_digit(hist, remaining, BINS: tl.constexpr):
 
 
 @triton.jit
-def _kth_largest(key, want):
+def _kth_largest(key, want, BITS: tl.constexpr = 32):
     """The ``want``-th largest of ``key`` (all ones when ``want`` is 0), bit by bit from the top: keep
     a bit when at least ``want`` keys are >= the candidate with it set. Dead positions hold key 0,
-    which no candidate (>= 1) counts, so the loop holds the keys alone (no mask in registers)."""
+    which no candidate (>= 1) counts, so the loop holds the keys alone (no mask in registers).
+    ``BITS`` < 32 stops early: the answer with its low ``32 - BITS`` bits cleared."""
     threshold = tl.zeros((), tl.uint32)
-    for bit in tl.static_range(32):
+    for bit in tl.static_range(BITS):
         trial = threshold | (tl.full((), 1, tl.uint32) << (31 - bit))
         count = tl.sum(tl.where(key >= trial, 1, 0), axis=0)
         threshold = tl.where(count >= want, trial, threshold)
@@ -89,17 +99,17 @@ def _kth_largest(key, want):
 
 @triton.jit
 def _candidate_floor(src, stride_c, cand_row, lo, hi, n_live, want, GATHER: tl.constexpr, SAMPLE: tl.constexpr,
-                     CAP: tl.constexpr):
+                     SAMPLE_BITS: tl.constexpr, CAP: tl.constexpr):
     """A key ``floor`` such that, with high probability, between ``want`` and ``CAP`` live keys are >=
     it: a key of a sample (``SAMPLE`` positions at a regular stride over [lo, hi), loaded again) whose
-    sample rank, scaled to the whole set, is the middle of that range; 1 (every live key but the
-    lowest, which no bisection trial counts) when the ``n_live`` live keys fit ``CAP``. Never 0, so
-    that dead positions (key 0) stay out."""
+    sample rank, scaled to the whole set, is the middle of that range (its top ``SAMPLE_BITS`` bits:
+    a lower floor, found in fewer steps); 1 (every live key but the lowest, which no bisection trial
+    counts) when the ``n_live`` live keys fit ``CAP``. Never 0, so that dead positions (key 0) stay out."""
     stride = tl.maximum(tl.cdiv(hi - lo, SAMPLE), 1)
     _, live, key = _candidates(src, stride_c, cand_row, lo + tl.arange(0, SAMPLE) * stride, lo, hi, GATHER)
     sampled = tl.sum(live.to(tl.int32), axis=0)
     rank = tl.minimum(tl.cdiv(sampled * (want + CAP), 2 * tl.maximum(n_live, 1)), sampled)
-    floor = _kth_largest(tl.where(live, key, 0), rank)
+    floor = _kth_largest(tl.where(live, key, 0), rank, SAMPLE_BITS)
     return tl.where(n_live <= CAP, 1, tl.maximum(floor, 1))
 
 
@@ -116,12 +126,13 @@ def _compact(key, chosen, n_chosen, scratch, CAP: tl.constexpr):
 
 @triton.jit
 def _threshold(key, n_live, want, src, stride_c, cand_row, lo, hi, scratch, GATHER: tl.constexpr,
-               SAMPLED: tl.constexpr, SAMPLE: tl.constexpr, CAP: tl.constexpr):
+               SAMPLED: tl.constexpr, SAMPLE: tl.constexpr, SAMPLE_BITS: tl.constexpr, CAP: tl.constexpr):
     """The ``want``-th largest of the live keys (``key`` 0 where dead; all ones when ``want`` is 0).
     SAMPLED: bisect the at most CAP keys >= a sampled floor when at least ``want`` of them are (every
     key >= the answer then is one, so the bisection takes the same steps); else bisect all keys."""
     if SAMPLED:
-        chosen = key >= _candidate_floor(src, stride_c, cand_row, lo, hi, n_live, want, GATHER, SAMPLE, CAP)
+        floor = _candidate_floor(src, stride_c, cand_row, lo, hi, n_live, want, GATHER, SAMPLE, SAMPLE_BITS, CAP)
+        chosen = key >= floor
         n_chosen = tl.sum(chosen.to(tl.int32), axis=0)
         if (n_chosen >= want) & (n_chosen <= CAP):
             threshold = _kth_largest(_compact(key, chosen, n_chosen, scratch, CAP), want)
@@ -137,7 +148,8 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
                          next_n, cand_ptr,
                          n_cand, out_ptr, out_stride, k, chunk, scratch_ptr,
                          MODE: tl.constexpr, GATHER: tl.constexpr, LOCAL: tl.constexpr, BLOCK: tl.constexpr,
-                         RESIDENT: tl.constexpr, SAMPLED: tl.constexpr, SAMPLE: tl.constexpr, CAP: tl.constexpr):
+                         RESIDENT: tl.constexpr, SAMPLED: tl.constexpr, SAMPLE: tl.constexpr,
+                         SAMPLE_BITS: tl.constexpr, CAP: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     part = tl.program_id(1)
     start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
@@ -159,7 +171,7 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
         key = tl.where(live, key, 0)
         scratch = scratch_ptr + (row * tl.num_programs(1) + part) * CAP
         threshold = _threshold(key, n_live, want, src, stride_c, cand_row, lo, hi, scratch, GATHER, SAMPLED,
-                               SAMPLE, CAP)
+                               SAMPLE, SAMPLE_BITS, CAP)
         above = live & (key > threshold)
         written = tl.sum(above.to(tl.int32), axis=0)
         tl.store(dst + tl.cumsum(above.to(tl.int32), axis=0) - 1, (col - base).to(tl.int32), mask=above)
@@ -253,7 +265,8 @@ def _launch(rows, mode, tune, k, grid, cand, n_cand, out, out_stride, chunk, spa
     scratch = _scratch(grid[0] * grid[1] * tune.topk_cap if sampled else 0, out.device)
     _indexer_topk_kernel[grid](*rows, cand, n_cand, out, out_stride, k, chunk, scratch, MODE=mode, GATHER=gather,
                                LOCAL=local, BLOCK=block, RESIDENT=resident, SAMPLED=sampled,
-                               SAMPLE=min(tune.topk_sample, block), CAP=tune.topk_cap, num_warps=warps)
+                               SAMPLE=min(tune.topk_sample, block), SAMPLE_BITS=tune.topk_sample_bits,
+                               CAP=tune.topk_cap, num_warps=warps)
 
 
 def _scratch(n: int, device) -> torch.Tensor:

@@ -43,6 +43,7 @@ class Tuning:
     topk_keys_per_thread: int = 32  # resident selection: keys each thread holds (sets the warps, 4 to 32)
     topk_sample: int = 2048         # resident selection: keys sampled to find a floor under the k-th largest
     topk_cap: int = 4096            # ... and the most keys >= it bisected exactly (else all are; used when 2k <= cap)
+    topk_sample_bits: int = 32      # ... the floor's top bits the sample's bisection finds (fewer: fewer steps, a lower floor)
     insert_heads: int = 4           # query heads per qnorm_rope_kv_insert program
     insert_warps: int = 4
     inv_rope_heads: int = 4         # heads per inv_rope_fp8_quant program
