@@ -370,12 +370,13 @@ def _null_backend():
         registry.unregister_backend(_NULL)
 
 
-def dispatch_overhead(device, calls: int = 1000, rounds: int = 7) -> dict[str, dict]:
+def dispatch_overhead(device, calls: int = 1000, rounds: int = 7, layer_rounds: int = 25) -> dict[str, dict]:
     """Per op (tiny shapes, so the host is the bottleneck), host µs per call of:
 
     - ``layer_us``: what dsv4ops adds to a call — ``dsv4ops.<op>(...)`` routed to an implementation
       that does nothing, minus that implementation called directly. Free of kernel-launch noise;
-      this is the number the overhead target is about.
+      this is the number the overhead target is about. Best of ``layer_rounds`` short rounds
+      (2 x ``calls`` calls, a few ms each): on a shared host a short round is likelier to run undisturbed.
     - ``dsv4ops_us`` / ``prepared_us`` / ``direct_us``: the real selected implementation called
       through ``dsv4ops.<op>``, through a prepared call's ``run``, and directly (launch included;
       their differences carry the launch's run-to-run noise)."""
@@ -393,7 +394,7 @@ def dispatch_overhead(device, calls: int = 1000, rounds: int = 7) -> dict[str, d
                         device, calls, rounds)
         with _null_backend() as null:
             routed, direct = _best_of((lambda: public(**kw, backend=null), lambda: _nothing(call.args)),
-                                      device, calls * 10, rounds)
+                                      device, calls * 2, layer_rounds)
         result[op] = dict(backend=impl.backend.name, layer_us=routed - direct, dsv4ops_us=real[0],
                           prepared_us=real[1], direct_us=real[2])
     return result

@@ -114,14 +114,21 @@ def _candidate_floor(src, stride_c, cand_row, lo, hi, n_live, want, GATHER: tl.c
 
 
 @triton.jit
-def _compact(key, chosen, n_chosen, scratch, CAP: tl.constexpr):
-    """The ``n_chosen`` (<= CAP) keys where ``chosen``, packed through this program's ``CAP`` int32
-    scratch slots into a ``[CAP]`` block; key 0 (which no bisection trial counts) after them."""
-    pos = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
-    tl.store(scratch + pos, key.to(tl.int32, bitcast=True), mask=chosen)
+def _stash(key, chosen, offset, scratch, CAP: tl.constexpr):
+    """Write the keys where ``chosen`` to this program's ``CAP`` int32 scratch slots, packed from
+    ``offset`` (those that fit); returns how many were chosen."""
+    pos = offset + tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+    tl.store(scratch + pos, key.to(tl.int32, bitcast=True), mask=chosen & (pos < CAP))
+    return tl.sum(chosen.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _stashed(scratch, n, CAP: tl.constexpr):
+    """The ``n`` (<= CAP) stashed keys as a ``[CAP]`` block, key 0 (which no bisection trial counts)
+    after them."""
     tl.debug_barrier()                           # the block reads back what its threads wrote
     slot = tl.arange(0, CAP)
-    return tl.load(scratch + slot, mask=slot < n_chosen, other=0).to(tl.uint32, bitcast=True)
+    return tl.load(scratch + slot, mask=slot < n, other=0).to(tl.uint32, bitcast=True)
 
 
 @triton.jit
@@ -132,15 +139,59 @@ def _threshold(key, n_live, want, src, stride_c, cand_row, lo, hi, scratch, GATH
     key >= the answer then is one, so the bisection takes the same steps); else bisect all keys."""
     if SAMPLED:
         floor = _candidate_floor(src, stride_c, cand_row, lo, hi, n_live, want, GATHER, SAMPLE, SAMPLE_BITS, CAP)
-        chosen = key >= floor
-        n_chosen = tl.sum(chosen.to(tl.int32), axis=0)
+        n_chosen = _stash(key, key >= floor, 0, scratch, CAP)
         if (n_chosen >= want) & (n_chosen <= CAP):
-            threshold = _kth_largest(_compact(key, chosen, n_chosen, scratch, CAP), want)
+            threshold = _kth_largest(_stashed(scratch, n_chosen, CAP), want)
         else:                                    # ties, equal keys, an unlucky sample
             threshold = _kth_largest(key, want)
     else:
         threshold = _kth_largest(key, want)
     return threshold
+
+
+@triton.jit
+def _radix_select(src, stride_c, cand_row, lo, hi, k, GATHER: tl.constexpr, BLOCK: tl.constexpr):
+    """Streamed: (the want-th largest key, how many keys equal to it are to be taken, want = the
+    live positions in [lo, hi), at most k), in 4 passes of an 8-bit histogram, block by block."""
+    prefix = tl.zeros((), tl.uint32)
+    remaining = 0
+    want = 0
+    for p in range(4):                           # most significant byte first
+        shift = 24 - 8 * p
+        hist = tl.zeros((256,), tl.int32)
+        for c0 in range(lo, hi, BLOCK):
+            col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
+            if p > 0:
+                live = live & ((key >> (shift + 8)) == prefix)
+            hist += tl.histogram(((key >> shift) & 0xFF).to(tl.int32), 256, mask=live)
+        if p == 0:
+            want = tl.minimum(tl.sum(hist, axis=0), k)     # valid positions, at most k
+            remaining = want
+        chosen, remaining = _next_digit(hist, remaining, 256)
+        prefix = (prefix << 8) | chosen.to(tl.uint32)
+    return prefix, remaining, want
+
+
+@triton.jit
+def _sampled_select(src, stride_c, cand_row, lo, hi, k, scratch, GATHER: tl.constexpr, BLOCK: tl.constexpr,
+                    SAMPLE: tl.constexpr, SAMPLE_BITS: tl.constexpr, CAP: tl.constexpr):
+    """``_radix_select`` of positions that are all live (not gathering) through a sampled floor: one
+    pass stashes the keys >= it; when they number at least ``want`` and at most CAP, the bisection
+    of those gives the answer, else the histogram passes run."""
+    n_live = tl.maximum(hi - lo, 0)
+    want = tl.minimum(n_live, k)
+    floor = _candidate_floor(src, stride_c, cand_row, lo, hi, n_live, want, GATHER, SAMPLE, SAMPLE_BITS, CAP)
+    n_chosen = 0
+    for c0 in range(lo, hi, BLOCK):
+        _, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
+        n_chosen += _stash(key, live & (key >= floor), n_chosen, scratch, CAP)
+    if (n_chosen >= want) & (n_chosen <= CAP):
+        stashed = _stashed(scratch, n_chosen, CAP)
+        prefix = _kth_largest(stashed, want)
+        remaining = want - tl.sum((stashed > prefix).to(tl.int32), axis=0)
+    else:                                        # ties, equal keys, an unlucky sample
+        prefix, remaining, want = _radix_select(src, stride_c, cand_row, lo, hi, k, GATHER, BLOCK)
+    return prefix, remaining, want
 
 
 @triton.jit
@@ -163,13 +214,13 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
         hi = tl.minimum(end, lo + chunk)
     base = start if LOCAL else 0                 # written column = column - base
     dst = out_ptr + row * out_stride + part * k
+    scratch = scratch_ptr + (row * tl.num_programs(1) + part) * CAP
 
     if RESIDENT:                                 # hi - lo <= BLOCK: one load, selection in registers
         col, live, key = _candidates(src, stride_c, cand_row, lo + tl.arange(0, BLOCK), lo, hi, GATHER)
         n_live = tl.sum(live.to(tl.int32), axis=0)
         want = tl.minimum(n_live, k)
         key = tl.where(live, key, 0)
-        scratch = scratch_ptr + (row * tl.num_programs(1) + part) * CAP
         threshold = _threshold(key, n_live, want, src, stride_c, cand_row, lo, hi, scratch, GATHER, SAMPLED,
                                SAMPLE, SAMPLE_BITS, CAP)
         above = live & (key > threshold)
@@ -179,22 +230,11 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
         rank = tl.cumsum(tie.to(tl.int32), axis=0) - 1
         tl.store(dst + written + rank, (col - base).to(tl.int32), mask=tie & (rank < want - written))
     else:
-        prefix = tl.zeros((), tl.uint32)
-        remaining = 0
-        want = 0
-        for p in range(4):                           # most significant byte first
-            shift = 24 - 8 * p
-            hist = tl.zeros((256,), tl.int32)
-            for c0 in range(lo, hi, BLOCK):
-                col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
-                if p > 0:
-                    live = live & ((key >> (shift + 8)) == prefix)
-                hist += tl.histogram(((key >> shift) & 0xFF).to(tl.int32), 256, mask=live)
-            if p == 0:
-                want = tl.minimum(tl.sum(hist, axis=0), k)     # valid positions, at most k
-                remaining = want
-            chosen, remaining = _next_digit(hist, remaining, 256)
-            prefix = (prefix << 8) | chosen.to(tl.uint32)
+        if SAMPLED:
+            prefix, remaining, want = _sampled_select(src, stride_c, cand_row, lo, hi, k, scratch, GATHER, BLOCK,
+                                                      SAMPLE, SAMPLE_BITS, CAP)
+        else:
+            prefix, remaining, want = _radix_select(src, stride_c, cand_row, lo, hi, k, GATHER, BLOCK)
         # prefix is the want-th largest key; `remaining` ties with it are still to be taken.
         written = 0
         for c0 in range(lo, hi, BLOCK):
@@ -243,11 +283,11 @@ def indexer_topk(a):
 
 
 def _split(R: int, W: int, k: int, tune, sms: int) -> tuple[int, int]:
-    """(pieces per row, columns per piece): enough pieces that each fits a resident block and, when
-    rows are fewer than the multiprocessors, as many as one wave of programs holds (a resident
-    program of ``topk_resident`` columns fills a multiprocessor), none shorter than
+    """(pieces per row, columns per piece): enough pieces that none is longer than ``topk_max_piece``
+    and, when rows are fewer than the multiprocessors, as many as one wave of programs holds (a
+    resident program of ``topk_resident`` columns fills a multiprocessor), none shorter than
     ``topk_min_piece`` or 2k."""
-    pieces = triton.cdiv(W, tune.topk_resident)
+    pieces = triton.cdiv(W, tune.topk_max_piece)
     if R < sms:
         pieces = max(pieces, min(sms // R, W // max(tune.topk_min_piece, 2 * k)))
     if pieces <= 1:
@@ -256,16 +296,17 @@ def _split(R: int, W: int, k: int, tune, sms: int) -> tuple[int, int]:
 
 
 def _launch(rows, mode, tune, k, grid, cand, n_cand, out, out_stride, chunk, span, *, gather, local):
-    """One launch whose programs each select among ``span`` positions: resident when they fit, and
-    through ``topk_sample`` sampled keys and ``topk_cap`` candidates when those are fewer and hold 2k."""
+    """One launch whose programs each select among ``span`` positions: resident when they fit; through
+    ``topk_sample`` sampled keys and at most ``topk_cap`` stashed ones when those are fewer than the
+    positions and hold 2k (streamed: when not gathering, which would need a pass to count them)."""
     resident = span <= tune.topk_resident
     block = triton.next_power_of_2(max(span, 16)) if resident else tune.topk_block
     warps = min(max(block // (32 * tune.topk_keys_per_thread), 4), 32) if resident else tune.topk_warps
-    sampled = resident and 2 * k <= tune.topk_cap < block
+    sampled = 2 * k <= tune.topk_cap < span and (resident or not gather)
     scratch = _scratch(grid[0] * grid[1] * tune.topk_cap if sampled else 0, out.device)
     _indexer_topk_kernel[grid](*rows, cand, n_cand, out, out_stride, k, chunk, scratch, MODE=mode, GATHER=gather,
                                LOCAL=local, BLOCK=block, RESIDENT=resident, SAMPLED=sampled,
-                               SAMPLE=min(tune.topk_sample, block), SAMPLE_BITS=tune.topk_sample_bits,
+                               SAMPLE=min(tune.topk_sample, triton.next_power_of_2(span)), SAMPLE_BITS=tune.topk_sample_bits,
                                CAP=tune.topk_cap, num_warps=warps)
 
 

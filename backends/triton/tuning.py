@@ -39,6 +39,7 @@ class Tuning:
     topk_block: int = 2048
     topk_warps: int = 8
     topk_resident: int = 32768      # the most positions a program selects from in registers
+    topk_max_piece: int = 32768     # longest piece of a row one program selects from (streamed past topk_resident)
     topk_min_piece: int = 4096      # shortest piece a row is split into to fill the GPU
     topk_keys_per_thread: int = 32  # resident selection: keys each thread holds (sets the warps, 4 to 32)
     topk_sample: int = 2048         # resident selection: keys sampled to find a floor under the k-th largest
@@ -75,10 +76,12 @@ _TABLE = {
                              prefill_block_h=64, prefill_block_k=32, prefill_warps=8, prefill_stages=1,
                              einsum_block_m=64, einsum_block_n=128, einsum_stages=4, logits_block_t=128,
                              mqa_block_q=2, mqa_block_s=128, mqa_chunk_s=2048, mqa_warps=8, mqa_stages=3,
-                             topk_block=8192, topk_warps=16, topk_resident=16384, topk_min_piece=2048,
+                             topk_block=8192, topk_warps=16, topk_resident=16384, topk_max_piece=16384,
+                             topk_min_piece=2048,
                              insert_heads=4, insert_warps=2, compress_chunk=32),
     ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, prefill_block_h=16, prefill_block_k=16,
-                          topk_block=64, topk_resident=128, topk_min_piece=32, topk_sample=32, topk_cap=64, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
+                          topk_block=64, topk_resident=128, topk_max_piece=128, topk_min_piece=32,
+                          topk_sample=32, topk_cap=64, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
                           einsum_block_m=16, einsum_block_n=128),
 }
 
