@@ -95,12 +95,14 @@ def tuning(plat: Platform) -> Tuning:
 
 def _allowed(name: str, value: int) -> str | None:
     """Why ``value`` cannot be tunable ``name`` (None if it can): block sizes are powers of two
-    (``tl.arange``), at least 16 where they feed ``tl.dot``; warps 1-32, a power of two."""
+    (``tl.arange``), at least 16 where they feed ``tl.dot``; warps 1-32, a power of two; bits 1-32."""
     power_of_two = value > 0 and not value & (value - 1)
     if name.endswith("_warps"):
         return None if power_of_two and value <= 32 else "a power of two from 1 to 32"
     if name.endswith(("_stages", "_waves")):
         return None if value >= 1 else "at least 1"
+    if name.endswith("_bits"):
+        return None if 1 <= value <= 32 else "from 1 to 32"
     minimum = 16 if name in _DOT_OPERANDS else 1
     return None if power_of_two and value >= minimum else f"a power of two, at least {minimum}"
 
