@@ -4,7 +4,7 @@ A program selects the k largest of a set of positions and writes them (ties as m
 column order), then -1 up to k. Two ways to find the k-th largest key, chosen at compile time:
 
 - resident (the set fits one block, ``topk_resident`` columns): the keys are loaded once and stay
-  in registers. When the block is larger than ``topk_cap`` (and 2k fit it), a sample of
+  in registers. When the set is larger than ``topk_cap`` (and 2k fit that), a sample of
   ``topk_sample`` keys at a regular stride (loaded again, from cache) gives a floor, one compare
   counts the keys at or above it, and when they number at least k and at most the cap they are
   compacted into per-program scratch slots (global memory, read back after a block barrier), where
@@ -13,9 +13,11 @@ column order), then -1 up to k. Two ways to find the k-th largest key, chosen at
   decide as they would on all keys. Otherwise (equal logits, heavy ties, an unlucky sample) the
   32 steps run over every key. Either way the keys above the answer are written at their cumsum
   positions, then the ties in column order.
-- streamed (larger sets): 4 passes of an 8-bit histogram over the positions, block by block.
+- streamed (larger sets, block by block): the same sampled floor, one pass stashing the keys at or
+  above it and the bisection of those; otherwise (or when gathering, whose live count would take a
+  pass) 4 passes of an 8-bit histogram. Then a pass writes the keys above the answer and one the ties.
 
-A row is split into pieces, one program each, when it is longer than a resident block or when
+A row is split into pieces, one program each, when it is longer than ``topk_max_piece`` or when
 there are fewer rows than multiprocessors (then as many pieces as one wave holds); each piece keeps
 its k largest columns (stage 1: the row's top-k is inside the union of the pieces' top-k), and a
 second program per row selects from those candidates (stage 2), gathering their logits, the same
@@ -178,7 +180,7 @@ def _sampled_select(src, stride_c, cand_row, lo, hi, k, scratch, GATHER: tl.cons
     """``_radix_select`` of positions that are all live (not gathering) through a sampled floor: one
     pass stashes the keys >= it; when they number at least ``want`` and at most CAP, the bisection
     of those gives the answer, else the histogram passes run."""
-    n_live = tl.maximum(hi - lo, 0)
+    n_live = tl.maximum(hi - lo, 0).to(tl.int32)
     want = tl.minimum(n_live, k)
     floor = _candidate_floor(src, stride_c, cand_row, lo, hi, n_live, want, GATHER, SAMPLE, SAMPLE_BITS, CAP)
     n_chosen = 0
@@ -260,7 +262,8 @@ def indexer_topk(a):
     out = topk_output(a)
     if R == 0:
         return out
-    tune = tuning(platform(a.logits.device))
+    plat = platform(a.logits.device)
+    tune = tuning(plat)
     if a.seq_lens is None:
         mode, starts, ends, lens, next_n = 0, a.row_starts, a.row_ends, out, 1
         strides = (a.row_starts.stride(0), a.row_ends.stride(0))
@@ -271,7 +274,7 @@ def indexer_topk(a):
         strides = (a.seq_lens.stride(0), a.seq_lens.stride(1) if two_d else 0)
     rows = (a.logits, a.logits.stride(0), a.logits.stride(1), starts, ends, lens, *strides, next_n)
     pieces, piece = _split(R, W, a.k, tune, multiprocessors(a.logits.device))
-    launch = functools.partial(_launch, rows, mode, tune, a.k)
+    launch = functools.partial(_launch, rows, mode, tune, a.k, plat.vendor == "cuda")
     if pieces == 1:                              # one program per row
         launch((R, 1), out, 0, out, a.k, W, W, gather=False, local=True)
         return out
@@ -295,7 +298,7 @@ def _split(R: int, W: int, k: int, tune, sms: int) -> tuple[int, int]:
     return pieces, max(triton.cdiv(W, pieces), k)
 
 
-def _launch(rows, mode, tune, k, grid, cand, n_cand, out, out_stride, chunk, span, *, gather, local):
+def _launch(rows, mode, tune, k, cuda, grid, cand, n_cand, out, out_stride, chunk, span, *, gather, local):
     """One launch whose programs each select among ``span`` positions: resident when they fit; through
     ``topk_sample`` sampled keys and at most ``topk_cap`` stashed ones when those are fewer than the
     positions and hold 2k (streamed: when not gathering, which would need a pass to count them)."""
@@ -304,10 +307,13 @@ def _launch(rows, mode, tune, k, grid, cand, n_cand, out, out_stride, chunk, spa
     warps = min(max(block // (32 * tune.topk_keys_per_thread), 4), 32) if resident else tune.topk_warps
     sampled = 2 * k <= tune.topk_cap < span and (resident or not gather)
     scratch = _scratch(grid[0] * grid[1] * tune.topk_cap if sampled else 0, out.device)
+    # CUDA: the register file for one program (ptxas otherwise caps some 16-warp selections at 64
+    # registers, spilling 4x more: sm90 offline). The AMD backend has no such option.
+    options = dict(maxnreg=min(65536 // (32 * warps), 255)) if cuda else {}
     _indexer_topk_kernel[grid](*rows, cand, n_cand, out, out_stride, k, chunk, scratch, MODE=mode, GATHER=gather,
                                LOCAL=local, BLOCK=block, RESIDENT=resident, SAMPLED=sampled,
-                               SAMPLE=min(tune.topk_sample, triton.next_power_of_2(span)), SAMPLE_BITS=tune.topk_sample_bits,
-                               CAP=tune.topk_cap, num_warps=warps)
+                               SAMPLE=min(tune.topk_sample, triton.next_power_of_2(span)),
+                               SAMPLE_BITS=tune.topk_sample_bits, CAP=tune.topk_cap, num_warps=warps, **options)
 
 
 def _scratch(n: int, device) -> torch.Tensor:
