@@ -363,6 +363,20 @@ def test_bad_triton_tuning_is_config_error(env, value, why):
     assert tuning(dsv4ops.platform("cpu")).decode_block_h == 32
 
 
+@pytest.mark.parametrize("vendor,arch,lanes,warps", [("cuda", "sm90", 32, 32), ("rocm", "gfx942", 64, 16),
+                                                       ("rocm", "gfx1100", 32, 32)])
+def test_resident_topk_programs_stay_within_1024_threads(vendor, arch, lanes, warps):
+    """The top-k's resident programs take their warps from the block size; a warp of a CDNA GPU
+    has 64 lanes, so the default 32768-key block gets 16 warps there, 32 elsewhere."""
+    from dsv4ops.backends.triton.common import warp_lanes
+    from dsv4ops.backends.triton.indexer_topk import resident_warps
+    from dsv4ops.platform import Platform
+    assert warp_lanes(Platform(vendor, arch, "test GPU")) == lanes
+    assert resident_warps(32768, 32, lanes) == warps
+    assert resident_warps(65536, 16, lanes) * lanes == 1024
+    assert resident_warps(256, 32, lanes) == 4
+
+
 # ---------------------------------------------------------------------------------------------
 # Measured dispatch (dsv4ops tune's selection table)
 

@@ -39,12 +39,8 @@ class Tuning:
     topk_block: int = 2048
     topk_warps: int = 8
     topk_resident: int = 32768      # the most positions a program selects from in registers
-    topk_max_piece: int = 32768     # longest piece of a row one program selects from (streamed past topk_resident)
     topk_min_piece: int = 4096      # shortest piece a row is split into to fill the GPU
-    topk_keys_per_thread: int = 32  # resident selection: keys each thread holds (sets the warps, 4 to 32)
-    topk_sample: int = 2048         # resident selection: keys sampled to find a floor under the k-th largest
-    topk_cap: int = 4096            # ... and the most keys >= it bisected exactly (else all are; used when 2k <= cap)
-    topk_sample_bits: int = 32      # ... the floor's top bits the sample's bisection finds (fewer: fewer steps, a lower floor)
+    topk_keys_per_thread: int = 32  # resident selection: keys each thread holds (sets the warps: >= 4, <= 1024 threads)
     insert_heads: int = 4           # query heads per qnorm_rope_kv_insert program
     insert_warps: int = 4
     inv_rope_heads: int = 4         # heads per inv_rope_fp8_quant program
@@ -76,12 +72,10 @@ _TABLE = {
                              prefill_block_h=64, prefill_block_k=32, prefill_warps=8, prefill_stages=1,
                              einsum_block_m=64, einsum_block_n=128, einsum_stages=4, logits_block_t=128,
                              mqa_block_q=2, mqa_block_s=128, mqa_chunk_s=2048, mqa_warps=8, mqa_stages=3,
-                             topk_block=8192, topk_warps=16, topk_resident=16384, topk_max_piece=16384,
-                             topk_min_piece=2048,
+                             topk_block=8192, topk_warps=16, topk_resident=16384, topk_min_piece=2048,
                              insert_heads=4, insert_warps=2, compress_chunk=32),
     ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, prefill_block_h=16, prefill_block_k=16,
-                          topk_block=64, topk_resident=128, topk_max_piece=128, topk_min_piece=32,
-                          topk_sample=32, topk_cap=64, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
+                          topk_block=64, topk_resident=128, topk_min_piece=32, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
                           einsum_block_m=16, einsum_block_n=128),
 }
 
@@ -95,14 +89,12 @@ def tuning(plat: Platform) -> Tuning:
 
 def _allowed(name: str, value: int) -> str | None:
     """Why ``value`` cannot be tunable ``name`` (None if it can): block sizes are powers of two
-    (``tl.arange``), at least 16 where they feed ``tl.dot``; warps 1-32, a power of two; bits 1-32."""
+    (``tl.arange``), at least 16 where they feed ``tl.dot``; warps 1-32, a power of two."""
     power_of_two = value > 0 and not value & (value - 1)
     if name.endswith("_warps"):
         return None if power_of_two and value <= 32 else "a power of two from 1 to 32"
     if name.endswith(("_stages", "_waves")):
         return None if value >= 1 else "at least 1"
-    if name.endswith("_bits"):
-        return None if 1 <= value <= 32 else "from 1 to 32"
     minimum = 16 if name in _DOT_OPERANDS else 1
     return None if power_of_two and value >= minimum else f"a power of two, at least {minimum}"
 
