@@ -368,13 +368,25 @@ def test_bad_triton_tuning_is_config_error(env, value, why):
 def test_resident_topk_programs_stay_within_1024_threads(vendor, arch, lanes, warps):
     """The top-k's resident programs take their warps from the block size; a warp of a CDNA GPU
     has 64 lanes, so the default 32768-key block gets 16 warps there, 32 elsewhere."""
-    from dsv4ops.backends.triton.common import warp_lanes
     from dsv4ops.backends.triton.indexer_topk import resident_warps
+    from dsv4ops.backends.triton.tuning import warp_lanes
     from dsv4ops.platform import Platform
     assert warp_lanes(Platform(vendor, arch, "test GPU")) == lanes
     assert resident_warps(32768, 32, lanes) == warps
     assert resident_warps(65536, 16, lanes) * lanes == 1024
     assert resident_warps(256, 32, lanes) == 4
+
+
+def test_triton_tuning_warps_are_limited_by_the_gpus_warp_width(env):
+    from dsv4ops.backends.triton.tuning import tuning
+    from dsv4ops.platform import Platform
+    cdna, hopper = Platform("rocm", "gfx942", "test GPU"), Platform("cuda", "sm90", "test GPU")
+    env(DSV4OPS_TRITON_TUNING="topk_warps=32")
+    assert tuning(hopper).topk_warps == 32
+    with pytest.raises(dsv4ops.ConfigError, match="topk_warps=32 must be a power of two from 1 to 16"):
+        tuning(cdna)
+    env(DSV4OPS_TRITON_TUNING="topk_warps=16")
+    assert tuning(cdna).topk_warps == 16
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,9 +40,3 @@ def scalar_arg(x) -> tuple[object, bool]:
     if isinstance(x, torch.Tensor):
         return x, True
     return float(x), False
-
-
-def warp_lanes(plat) -> int:
-    """Threads per warp as Triton's ``num_warps`` counts them on ``plat``: 64 on AMD's CDNA GPUs
-    (gfx9*, wave64), 32 elsewhere. A program has at most 1024 threads on every GPU."""
-    return 64 if plat.vendor == "rocm" and plat.arch.startswith("gfx9") else 32

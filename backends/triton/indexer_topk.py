@@ -23,8 +23,7 @@ import triton.language as tl
 from dsv4ops.backend_support import topk_output
 from dsv4ops.platform import multiprocessors, platform
 
-from .common import warp_lanes
-from .tuning import tuning
+from .tuning import tuning, warp_lanes
 
 
 @triton.jit

@@ -84,15 +84,21 @@ def tuning(plat: Platform) -> Tuning:
     """The platform's tunables, with ``DSV4OPS_TRITON_TUNING="decode_block_h=64,..."`` applied on top
     (for sweeps and for users tuning a new target)."""
     base = _TABLE.get(plat.key) or _TABLE.get((plat.vendor, None)) or Tuning()
-    return _override(base, settings.current().triton_tuning)
+    return _override(base, settings.current().triton_tuning, 1024 // warp_lanes(plat))
 
 
-def _allowed(name: str, value: int) -> str | None:
+def warp_lanes(plat: Platform) -> int:
+    """Threads per warp as Triton's ``num_warps`` counts them on ``plat``: 64 on AMD's CDNA GPUs
+    (gfx9*, wave64), 32 elsewhere. A program has at most 1024 threads on every GPU."""
+    return 64 if plat.vendor == "rocm" and plat.arch.startswith("gfx9") else 32
+
+
+def _allowed(name: str, value: int, max_warps: int) -> str | None:
     """Why ``value`` cannot be tunable ``name`` (None if it can): block sizes are powers of two
-    (``tl.arange``), at least 16 where they feed ``tl.dot``; warps 1-32, a power of two."""
+    (``tl.arange``), at least 16 where they feed ``tl.dot``; warps a power of two up to 1024 threads."""
     power_of_two = value > 0 and not value & (value - 1)
     if name.endswith("_warps"):
-        return None if power_of_two and value <= 32 else "a power of two from 1 to 32"
+        return None if power_of_two and value <= max_warps else f"a power of two from 1 to {max_warps} here"
     if name.endswith(("_stages", "_waves")):
         return None if value >= 1 else "at least 1"
     minimum = 16 if name in _DOT_OPERANDS else 1
@@ -103,7 +109,7 @@ _DOT_OPERANDS = ("decode_block_h", "decode_block_k", "einsum_block_m", "einsum_b
 
 
 @functools.lru_cache(maxsize=32)
-def _override(base: Tuning, spec: str) -> Tuning:
+def _override(base: Tuning, spec: str, max_warps: int) -> Tuning:
     if not spec:
         return base
     fields = {f.name for f in dataclasses.fields(Tuning)}
@@ -113,7 +119,7 @@ def _override(base: Tuning, spec: str) -> Tuning:
         if name not in fields or not value.isdigit():
             raise ConfigError(f"DSV4OPS_TRITON_TUNING: bad entry {item!r}; expected name=integer with a name "
                               f"from {sorted(fields)}")
-        why = _allowed(name, int(value))
+        why = _allowed(name, int(value), max_warps)
         if why is not None:
             raise ConfigError(f"DSV4OPS_TRITON_TUNING: {name}={value} must be {why}")
         changes[name] = int(value)
