@@ -353,14 +353,17 @@ def test_sm_major():
 @pytest.mark.parametrize("value,why", [("decode_block_h=0", "power of two, at least 16"),
                                        ("decode_block_k=24", "power of two"), ("topk_warps=64", "1 to 32"),
                                        ("decode_stages=0", "at least 1"), ("nope=4", "bad entry"),
-                                       ("decode_block_h=", "bad entry")])
+                                       ("decode_block_h=", "bad entry"), ("einsum_unroll=3", "einsum_unroll=3 must be 1 or 2"),
+                                       ("einsum_unroll=0", "1 or 2"), ("einsum_tma=2", "einsum_tma=2 must be 0 or 1"),
+                                       ("einsum_ws=4", "einsum_ws=4 must be 0 or 1")])
 def test_bad_triton_tuning_is_config_error(env, value, why):
     from dsv4ops.backends.triton.tuning import tuning
     env(DSV4OPS_TRITON_TUNING=value)
     with pytest.raises(dsv4ops.ConfigError, match=why):
         tuning(dsv4ops.platform("cpu"))
-    env(DSV4OPS_TRITON_TUNING="decode_block_h=32,topk_warps=4")
-    assert tuning(dsv4ops.platform("cpu")).decode_block_h == 32
+    env(DSV4OPS_TRITON_TUNING="decode_block_h=32,topk_warps=4,einsum_unroll=2,einsum_tma=1,einsum_ws=0")
+    tune = tuning(dsv4ops.platform("cpu"))
+    assert (tune.decode_block_h, tune.einsum_unroll, tune.einsum_tma, tune.einsum_ws) == (32, 2, 1, 0)
 
 
 @pytest.mark.parametrize("vendor,arch,lanes,warps", [("cuda", "sm90", 32, 32), ("rocm", "gfx942", 64, 16),

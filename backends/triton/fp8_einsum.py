@@ -1,11 +1,17 @@
 """Triton op 4: per-group FP8 GEMM ``d[b,h,:] = A[b,h,:] @ B[h]^T`` with 1x128 activation scales
 and 128x128 weight scales applied per 128-wide K step (fp32 accumulation). ``a`` (batch and group
-strides) and both scale tensors (all strides) are read through their strides."""
+strides) and both scale tensors (all strides) are read through their strides.
+
+Variants chosen by the tunables: ``einsum_unroll=2`` issues two K steps' products before scaling
+either (the second runs while the first is scaled); ``einsum_tma=1`` loads the fp8 tiles through
+host-built tensor descriptors (TMA on Hopper) when the operands' addresses and strides allow it,
+``einsum_ws=1`` then warp-specializes the K loop (loads in a producer warp)."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from dsv4ops.platform import platform
 
@@ -13,30 +19,81 @@ from .tuning import tuning
 
 
 @triton.jit
-def _fp8_einsum_kernel(a_ptr, sa_ptr, b_ptr, sb_ptr, d_ptr, Bn, D, R,
+def _operands(a_src, b_src, sa_rows, sb_rows, a_rows, b_rows, row_ok, col_ok, h, m0, n0, kb, stride_sar,
+              stride_sbr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """K step ``kb``: the fp8 tiles a [BLOCK_M, 128] and b [BLOCK_N, 128] with their scales."""
+    if TMA:
+        a = a_src.load([h, m0, kb * 128]).reshape(BLOCK_M, 128)
+        b = b_src.load([h, n0, kb * 128]).reshape(BLOCK_N, 128)
+    else:
+        kk = tl.arange(0, 128)
+        a = tl.load(a_rows + kb * 128 + kk[None, :], mask=row_ok[:, None], other=0.0)
+        b = tl.load(b_rows + kb * 128 + kk[None, :], mask=col_ok[:, None], other=0.0)
+    sa = tl.load(sa_rows + kb * stride_sar, mask=row_ok, other=0.0)
+    sb = tl.load(sb_rows + kb * stride_sbr, mask=col_ok, other=0.0)
+    return a, b, sa, sb
+
+
+@triton.jit
+def _fp8_einsum_kernel(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, D, R,
                        stride_ab, stride_ah, stride_sab, stride_sah, stride_sar,
                        stride_sbh, stride_sbn, stride_sbr, stride_db, stride_dh,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, TMA: tl.constexpr,
+                       WS: tl.constexpr):
+    """``a_src`` / ``b_src``: the fp8 tensors (pointer loads), or with ``TMA`` descriptors over
+    ``a`` as [H, B, R] (block [1, BLOCK_M, 128]) and ``b`` as [H, D, R] (block [1, BLOCK_N, 128])."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    h = tl.program_id(2).to(tl.int64)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    kk = tl.arange(0, 128)
+    h = tl.program_id(2)
+    m0 = pid_m * BLOCK_M
+    n0 = pid_n * BLOCK_N
+    rows = m0 + tl.arange(0, BLOCK_M)
+    cols = n0 + tl.arange(0, BLOCK_N)
     row_ok = rows < Bn
-    a_rows = a_ptr + h * stride_ah + rows.to(tl.int64)[:, None] * stride_ab
-    b_rows = b_ptr + (h * D + cols.to(tl.int64))[:, None] * R
-    sa_rows = sa_ptr + h * stride_sah + rows.to(tl.int64) * stride_sab
-    sb_rows = sb_ptr + h * stride_sbh + (cols // 128).to(tl.int64) * stride_sbn
+    col_ok = cols < D
+    h64 = h.to(tl.int64)
+    if TMA:
+        a_rows = None
+        b_rows = None
+    else:
+        a_rows = a_src + h64 * stride_ah + rows.to(tl.int64)[:, None] * stride_ab
+        b_rows = b_src + (h64 * D + cols.to(tl.int64))[:, None] * R
+    sa_rows = sa_ptr + h64 * stride_sah + rows.to(tl.int64) * stride_sab
+    sb_rows = sb_ptr + h64 * stride_sbh + (cols // 128).to(tl.int64) * stride_sbn
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for kb in range(0, R // 128):
-        a = tl.load(a_rows + kb * 128 + kk[None, :], mask=row_ok[:, None], other=0.0)
-        b = tl.load(b_rows + kb * 128 + kk[None, :], mask=(cols < D)[:, None], other=0.0)
-        sa = tl.load(sa_rows + kb * stride_sar, mask=row_ok, other=0.0)
-        sb = tl.load(sb_rows + kb * stride_sbr, mask=cols < D, other=0.0)
-        acc += tl.dot(a, tl.trans(b)) * sa[:, None] * sb[None, :]
-    out = d_ptr + rows.to(tl.int64)[:, None] * stride_db + h * stride_dh + cols[None, :]
-    tl.store(out, acc.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols < D)[None, :])
+    steps = R // 128
+    for kb in tl.range(0, steps - steps % UNROLL, UNROLL, warp_specialize=WS):
+        a, b, sa, sb = _operands(a_src, b_src, sa_rows, sb_rows, a_rows, b_rows, row_ok, col_ok, h, m0, n0, kb,
+                                 stride_sar, stride_sbr, BLOCK_M, BLOCK_N, TMA)
+        if UNROLL == 2:        # both products in flight before either is scaled
+            a1, b1, sa1, sb1 = _operands(a_src, b_src, sa_rows, sb_rows, a_rows, b_rows, row_ok, col_ok, h, m0,
+                                         n0, kb + 1, stride_sar, stride_sbr, BLOCK_M, BLOCK_N, TMA)
+            p = tl.dot(a, tl.trans(b))
+            p1 = tl.dot(a1, tl.trans(b1))
+            acc += p * sa[:, None] * sb[None, :] + p1 * sa1[:, None] * sb1[None, :]
+        else:
+            acc += tl.dot(a, tl.trans(b)) * sa[:, None] * sb[None, :]
+    if UNROLL == 2:
+        if steps % 2 == 1:     # the odd last step
+            a, b, sa, sb = _operands(a_src, b_src, sa_rows, sb_rows, a_rows, b_rows, row_ok, col_ok, h, m0, n0,
+                                     steps - 1, stride_sar, stride_sbr, BLOCK_M, BLOCK_N, TMA)
+            acc += tl.dot(a, tl.trans(b)) * sa[:, None] * sb[None, :]
+    out = d_ptr + rows.to(tl.int64)[:, None] * stride_db + h64 * stride_dh + cols[None, :]
+    tl.store(out, acc.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+def _descriptors(a, b, block_m, block_n):
+    """TMA descriptors for ``a`` [B, H, R] (as [H, B, R]) and ``b`` [H, D, R], or None when TMA
+    cannot address them: bases and strides must be 16-byte multiples (fp8: 16 elements), boxes at
+    most 256 rows, and no dimension empty."""
+    B, H, R = a.shape
+    D = b.shape[1]
+    strides = (a.stride(0), a.stride(1), R)
+    if R == 0 or max(block_m, block_n) > 256 or a.data_ptr() % 16 or b.data_ptr() % 16 \
+            or any(s <= 0 or s % 16 for s in strides):
+        return None
+    return (TensorDescriptor(a, [H, B, R], [a.stride(1), a.stride(0), 1], [1, block_m, 128]),
+            TensorDescriptor(b, [H, D, R], [D * R, R, 1], [1, block_n, 128]))
 
 
 def fp8_einsum(args):
@@ -47,10 +104,14 @@ def fp8_einsum(args):
         return out
     tune = tuning(platform(args.a.device))
     BM, BN = tune.einsum_block_m, tune.einsum_block_n
+    descs = _descriptors(args.a, args.b, BM, BN) if tune.einsum_tma else None
+    a_src, b_src = descs or (args.a, args.b)
     grid = (triton.cdiv(B, BM), triton.cdiv(D, BN), H)
     _fp8_einsum_kernel[grid](
-        args.a, args.a_scale, args.b, args.b_scale, out, B, D, R, args.a.stride(0), args.a.stride(1),
+        a_src, args.a_scale, b_src, args.b_scale, out, B, D, R, args.a.stride(0), args.a.stride(1),
         *args.a_scale.stride(), *args.b_scale.stride(), out.stride(0), out.stride(1),
-        BLOCK_M=BM, BLOCK_N=BN, num_warps=tune.einsum_warps, num_stages=tune.einsum_stages,
+        BLOCK_M=BM, BLOCK_N=BN, UNROLL=tune.einsum_unroll, TMA=descs is not None,
+        WS=bool(descs is not None and tune.einsum_ws), num_warps=tune.einsum_warps,
+        num_stages=tune.einsum_stages,
     )
     return out

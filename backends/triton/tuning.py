@@ -18,11 +18,13 @@ from dsv4ops.platform import Platform
 class Tuning:
     decode_block_h: int = 32        # query heads per program (>= 16 for tl.dot)
     decode_block_k: int = 32        # cache rows per step
+    decode_block_v: int = 512       # output columns per program (< 512: 512 / this programs per head block)
     decode_warps: int = 8
     decode_stages: int = 1
     decode_waves: int = 2           # split the index list until about this many programs per SM
     prefill_block_h: int = 32       # sparse_mla_prefill: query heads per program (>= 16 for tl.dot)
     prefill_block_k: int = 32       # sparse_mla_prefill: cache rows per step
+    prefill_block_v: int = 512      # sparse_mla_prefill: output columns per program
     prefill_warps: int = 8
     prefill_stages: int = 1
     logits_block_t: int = 64        # compressed tokens per program
@@ -36,6 +38,9 @@ class Tuning:
     einsum_block_n: int = 128
     einsum_warps: int = 4
     einsum_stages: int = 3
+    einsum_unroll: int = 1          # K steps per loop iteration (2: both products issued before either is scaled)
+    einsum_tma: int = 0             # 1: fp8 tiles through TMA descriptors where addresses and strides allow
+    einsum_ws: int = 0              # 1 (with einsum_tma): warp-specialized K loop
     topk_block: int = 2048
     topk_warps: int = 8
     topk_resident: int = 32768      # the most positions a program selects from in registers
@@ -95,17 +100,24 @@ def warp_lanes(plat: Platform) -> int:
 
 def _allowed(name: str, value: int, max_warps: int) -> str | None:
     """Why ``value`` cannot be tunable ``name`` (None if it can): block sizes are powers of two
-    (``tl.arange``), at least 16 where they feed ``tl.dot``; warps a power of two up to 1024 threads."""
+    (``tl.arange``), at least 16 where they feed ``tl.dot``; warps a power of two up to 1024 threads;
+    switches one of their listed values."""
     power_of_two = value > 0 and not value & (value - 1)
+    if name in _CHOICES:
+        return None if value in _CHOICES[name] else " or ".join(map(str, _CHOICES[name]))
     if name.endswith("_warps"):
         return None if power_of_two and value <= max_warps else f"a power of two from 1 to {max_warps} here"
     if name.endswith(("_stages", "_waves")):
         return None if value >= 1 else "at least 1"
+    if name.endswith("_block_v"):
+        return None if power_of_two and 16 <= value <= 512 else "a power of two from 16 to 512 (output columns)"
     minimum = 16 if name in _DOT_OPERANDS else 1
     return None if power_of_two and value >= minimum else f"a power of two, at least {minimum}"
 
 
-_DOT_OPERANDS = ("decode_block_h", "decode_block_k", "einsum_block_m", "einsum_block_n", "mqa_block_s")
+_CHOICES = {"einsum_unroll": (1, 2), "einsum_tma": (0, 1), "einsum_ws": (0, 1)}
+_DOT_OPERANDS = ("decode_block_h", "decode_block_k", "prefill_block_h", "prefill_block_k", "einsum_block_m",
+                 "einsum_block_n", "mqa_block_s")
 
 
 @functools.lru_cache(maxsize=32)

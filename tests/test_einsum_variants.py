@@ -1,0 +1,59 @@
+"""The Triton fp8_einsum variants the tunables choose (two K steps per iteration, TMA descriptors,
+a warp-specialized K loop), each against the reference: odd K-step counts, group-major and sliced
+activations, batches that do not fill a row block, outputs narrower than a column block; and the
+TMA variant falling back to pointer loads where descriptors cannot address the operands."""
+import pytest
+import torch
+
+import dsv4ops
+from dsv4ops.conformance import run_case
+from dsv4ops.conformance.cases import make_case
+from dsv4ops.conformance.inputs import quantize_blocks
+
+TRITON = any(b.name == "triton" and b.available for b in dsv4ops.backends())
+TUNABLES = ["einsum_unroll=2", "einsum_tma=1", "einsum_tma=1,einsum_unroll=2", "einsum_tma=1,einsum_ws=1",
+            "einsum_tma=1,einsum_unroll=2,einsum_block_m=32,einsum_block_n=256"]
+CASES = [dict(B=5, H=2, D=128, R=384),                              # 3 K steps
+         dict(B=19, H=3, D=256, R=640, group_major=True, out=True),   # [H, B, R] transposed, 5 K steps
+         dict(B=4, H=1, D=384, R=256, out_dtype=torch.float32),       # D = 1.5 column blocks of 256
+         dict(B=3, H=2, D=128, R=0)]                                  # no K step: exact zeros
+
+
+@pytest.mark.skipif(not TRITON, reason="the Triton backend is not available here")
+@pytest.mark.parametrize("tunables", TUNABLES)
+@pytest.mark.parametrize("params", CASES, ids=lambda p: f"B{p['B']}-D{p['D']}-R{p['R']}")
+def test_einsum_variants_match_the_reference(env, tunables, params):
+    env(DSV4OPS_TRITON_TUNING=tunables)
+    result = run_case(make_case("fp8_einsum", **params), "triton", "cpu", seed=3)
+    assert result.status == "pass", f"{result.message}\nrerun: {result.reproducer()}"
+
+
+def _operands(B, H, D, R, pad, offset):
+    """``a`` [B, H, R] cut from a [B, H, R + pad] buffer that starts ``offset`` bytes into its storage."""
+    gen = torch.Generator().manual_seed(7)
+    a, a_scale = quantize_blocks(torch.randn(B, H, R, generator=gen), 1)
+    buf = torch.empty(offset + B * H * (R + pad), dtype=a.dtype)[offset:].view(B, H, R + pad)
+    buf[..., :R] = a
+    b, b_scale = quantize_blocks(torch.randn(H, D, R, generator=gen) * 0.05, 128)
+    return buf[..., :R], a_scale, b, b_scale
+
+
+@pytest.mark.skipif(not TRITON, reason="the Triton backend is not available here")
+@pytest.mark.parametrize("pad,offset,tma", [(16, 0, True), (8, 0, False), (0, 1, False)])
+def test_tma_variant_falls_back_where_descriptors_cannot_address_a(env, pad, offset, tma):
+    """Strides and bases must be 16-byte multiples for TMA: a row stride of R + 8 or a base one
+    byte off takes the pointer path, with the same result."""
+    from dsv4ops.backends.triton.fp8_einsum import _descriptors
+    env(DSV4OPS_TRITON_TUNING="einsum_tma=1")
+    a, a_scale, b, b_scale = _operands(5, 2, 128, 256, pad, offset)
+    assert (_descriptors(a, b, 16, 128) is not None) == tma
+    got = dsv4ops.fp8_einsum("bhr,hdr->bhd", a, a_scale, b, b_scale, out_dtype=torch.float32, backend="triton")
+    want = dsv4ops.fp8_einsum("bhr,hdr->bhd", a, a_scale, b, b_scale, out_dtype=torch.float32, backend="reference")
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_descriptor_boxes_are_at_most_256_rows():
+    from dsv4ops.backends.triton.fp8_einsum import _descriptors
+    a = torch.zeros(4, 2, 256, dtype=torch.float8_e4m3fn)
+    b = torch.zeros(2, 512, 256, dtype=torch.float8_e4m3fn)
+    assert _descriptors(a, b, 256, 256) is not None and _descriptors(a, b, 16, 512) is None
