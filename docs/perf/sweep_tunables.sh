@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sweep the Triton einsum / top-k / logits / prefill / mqa / insert / compress tunables on the production shapes (after
 # docs/gpu_run.sh installed the wheels): PYTHONPATH=/tmp/site bash docs/perf/sweep_tunables.sh LOG [SECTION...]
-# (sections: einsum topk logits prefill mqa insert compress; default all).
+# (sections: einsum topk logits prefill mqa insert compress; default all; also einsum-variants topk-warps).
 log=${1:-/tmp/sweep_tunables.txt}; shift
 sections=" ${*:-einsum topk logits prefill mqa insert compress} "
 want() { [[ "$sections" == *" $1 "* ]]; }
@@ -16,6 +16,21 @@ want einsum && for c in einsum_block_m=64,einsum_block_n=128,einsum_warps=4,eins
          einsum_block_m=128,einsum_block_n=256,einsum_warps=8,einsum_stages=3 \
          einsum_block_m=64,einsum_block_n=256,einsum_warps=8,einsum_stages=3 \
          einsum_block_m=64,einsum_block_n=128,einsum_warps=4,einsum_stages=3; do run fp8_einsum $c; done
+# fp8_einsum variants (B=1024 H=8 R=4096 D=1024 among the production cases): two K steps per iteration, TMA
+# descriptors, a warp-specialized K loop; the sm90 defaults are 64 x 128 tiles, 4 warps, 4 stages. Compiled offline
+# for sm90 (Triton 3.6, ptxas registers / shared memory): pointers 224 / 97 KiB; unroll=2 spills (255) and doubles
+# the shared memory per stage (2 stages here); tma=1 159 / 97 KiB (3 stages: 73 KiB, three programs per SM);
+# tma,unroll=2 254 at 2 stages. ws=1 makes two 4-warp consumer warp groups and a producer: at 128 rows each consumer
+# takes 64 (168 registers), at 64 rows both compute the same tile; at 8 warps it is not applied. 128 x 128 x 8 warps:
+# tma 198 registers; 128 x 256 x 8 warps spills with or without TMA.
+want einsum-variants && for c in einsum_tma=0 einsum_unroll=2,einsum_stages=2 einsum_unroll=2 \
+         einsum_tma=1 einsum_tma=1,einsum_stages=3 einsum_tma=1,einsum_stages=5 einsum_tma=1,einsum_unroll=2,einsum_stages=2 \
+         einsum_tma=1,einsum_ws=1 einsum_tma=1,einsum_ws=1,einsum_block_m=128,einsum_stages=3 \
+         einsum_tma=1,einsum_ws=1,einsum_block_m=128,einsum_stages=4 \
+         einsum_tma=1,einsum_block_m=128,einsum_warps=8,einsum_stages=3 einsum_tma=1,einsum_block_m=128,einsum_warps=8 \
+         einsum_block_m=128,einsum_warps=8,einsum_unroll=2,einsum_stages=2 \
+         einsum_tma=1,einsum_block_m=128,einsum_block_n=256,einsum_warps=8,einsum_stages=3 \
+         einsum_tma=1,einsum_block_m=128,einsum_block_n=256,einsum_warps=8,einsum_stages=2; do run fp8_einsum $c; done
 # top-k: the longest resident piece (rows split to fill the GPU)
 want topk && for res in 16384 8192 4096; do run indexer_topk topk_resident=$res,topk_min_piece=2048; done
 want topk-warps && for kpt in 16 32 64; do run indexer_topk topk_keys_per_thread=$kpt; done
