@@ -366,6 +366,17 @@ def test_bad_triton_tuning_is_config_error(env, value, why):
     assert (tune.decode_block_h, tune.einsum_unroll, tune.einsum_tma, tune.einsum_ws) == (32, 2, 1, 0)
 
 
+@pytest.mark.parametrize("value", ["decode_block_v=1024", "prefill_block_v=8", "decode_block_v=384"])
+def test_triton_tuning_block_v_is_a_power_of_two_up_to_the_512_output_columns(env, value):
+    from dsv4ops.backends.triton.tuning import tuning
+    env(DSV4OPS_TRITON_TUNING=value)
+    with pytest.raises(dsv4ops.ConfigError, match=f"{value} must be a power of two from 16 to 512"):
+        tuning(dsv4ops.platform("cpu"))
+    env(DSV4OPS_TRITON_TUNING="decode_block_v=256,decode_warps=4,prefill_block_v=16")
+    tune = tuning(dsv4ops.platform("cpu"))
+    assert (tune.decode_block_v, tune.decode_warps, tune.prefill_block_v) == (256, 4, 16)
+
+
 @pytest.mark.parametrize("vendor,arch,lanes,warps", [("cuda", "sm90", 32, 32), ("rocm", "gfx942", 64, 16),
                                                        ("rocm", "gfx1100", 32, 32)])
 def test_resident_topk_programs_stay_within_1024_threads(vendor, arch, lanes, warps):
