@@ -12,7 +12,7 @@ from dsv4ops.conformance.inputs import quantize_blocks
 
 TRITON = any(b.name == "triton" and b.available for b in dsv4ops.backends())
 TUNABLES = ["einsum_unroll=2", "einsum_tma=1", "einsum_tma=1,einsum_unroll=2", "einsum_tma=1,einsum_ws=1",
-            "einsum_tma=1,einsum_unroll=2,einsum_block_m=32,einsum_block_n=256"]
+            "einsum_tma=1,einsum_unroll=2,einsum_block_m=32,einsum_block_n=256", "einsum_block_n=64,einsum_unroll=2"]
 CASES = [dict(B=5, H=2, D=128, R=384),                              # 3 K steps
          dict(B=19, H=3, D=256, R=640, group_major=True, out=True),   # [H, B, R] transposed, 5 K steps
          dict(B=4, H=1, D=384, R=256, out_dtype=torch.float32),       # D = 1.5 column blocks of 256

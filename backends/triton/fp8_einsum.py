@@ -2,10 +2,11 @@
 and 128x128 weight scales applied per 128-wide K step (fp32 accumulation). ``a`` (batch and group
 strides) and both scale tensors (all strides) are read through their strides.
 
-Variants chosen by the tunables: ``einsum_unroll=2`` issues two K steps' products before scaling
-either (the second runs while the first is scaled); ``einsum_tma=1`` loads the fp8 tiles through
-host-built tensor descriptors (TMA on Hopper) when the operands' addresses and strides allow it,
-``einsum_ws=1`` then warp-specializes the K loop (loads in a producer warp)."""
+Variants chosen by the tunables: ``einsum_unroll=2`` takes two K steps per iteration and scales
+each product one iteration late, so the second product of a pair runs while the first is scaled;
+``einsum_tma=1`` loads the fp8 tiles through host-built tensor descriptors (TMA on Hopper) when the
+operands' addresses and strides allow it, and ``einsum_ws=1`` then warp-specializes the K loop
+(Triton 3.6 on sm90: a loading warp group and two 4-warp consumer groups, 64 rows each)."""
 from __future__ import annotations
 
 import torch
@@ -19,9 +20,10 @@ from .tuning import tuning
 
 
 @triton.jit
-def _operands(a_src, b_src, sa_rows, sb_rows, a_rows, b_rows, row_ok, col_ok, h, m0, n0, kb, stride_sar,
-              stride_sbr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
-    """K step ``kb``: the fp8 tiles a [BLOCK_M, 128] and b [BLOCK_N, 128] with their scales."""
+def _operands(a_src, b_src, sa_rows, sb_base, a_rows, b_rows, row_ok, col_ok, cols, h, m0, n0, kb, stride_sar,
+              stride_sbn, stride_sbr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """K step ``kb``: the fp8 tiles a [BLOCK_M, 128] and b [BLOCK_N, 128], the row scales [BLOCK_M]
+    and the column scales: [BLOCK_N], or one scalar when BLOCK_N <= 128 (one weight block)."""
     if TMA:
         a = a_src.load([h, m0, kb * 128]).reshape(BLOCK_M, 128)
         b = b_src.load([h, n0, kb * 128]).reshape(BLOCK_N, 128)
@@ -30,8 +32,20 @@ def _operands(a_src, b_src, sa_rows, sb_rows, a_rows, b_rows, row_ok, col_ok, h,
         a = tl.load(a_rows + kb * 128 + kk[None, :], mask=row_ok[:, None], other=0.0)
         b = tl.load(b_rows + kb * 128 + kk[None, :], mask=col_ok[:, None], other=0.0)
     sa = tl.load(sa_rows + kb * stride_sar, mask=row_ok, other=0.0)
-    sb = tl.load(sb_rows + kb * stride_sbr, mask=col_ok, other=0.0)
+    if BLOCK_N <= 128:
+        sb = tl.load(sb_base + (n0 // 128) * stride_sbn + kb * stride_sbr)
+    else:
+        sb = tl.load(sb_base + (cols // 128).to(tl.int64) * stride_sbn + kb * stride_sbr, mask=col_ok, other=0.0)
     return a, b, sa, sb
+
+
+@triton.jit
+def _scaled(p, sa, sb, BLOCK_N: tl.constexpr):
+    """``p`` [BLOCK_M, BLOCK_N] times its row and column scales (one multiply per element when the
+    column scale is one scalar)."""
+    if BLOCK_N <= 128:
+        return p * (sa * sb)[:, None]
+    return p * sa[:, None] * sb[None, :]
 
 
 @triton.jit
@@ -59,25 +73,46 @@ def _fp8_einsum_kernel(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, D, R,
         a_rows = a_src + h64 * stride_ah + rows.to(tl.int64)[:, None] * stride_ab
         b_rows = b_src + (h64 * D + cols.to(tl.int64))[:, None] * R
     sa_rows = sa_ptr + h64 * stride_sah + rows.to(tl.int64) * stride_sab
-    sb_rows = sb_ptr + h64 * stride_sbh + (cols // 128).to(tl.int64) * stride_sbn
+    sb_base = sb_ptr + h64 * stride_sbh
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    # UNROLL=2: the previous pair's products and their scales, added while the next pair runs
+    p0 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    p1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    sa0 = tl.zeros((BLOCK_M,), tl.float32)
+    sa1 = tl.zeros((BLOCK_M,), tl.float32)
+    if BLOCK_N <= 128:
+        sb0 = 0.0
+        sb1 = 0.0
+    else:
+        sb0 = tl.zeros((BLOCK_N,), tl.float32)
+        sb1 = tl.zeros((BLOCK_N,), tl.float32)
     steps = R // 128
     for kb in tl.range(0, steps - steps % UNROLL, UNROLL, warp_specialize=WS):
-        a, b, sa, sb = _operands(a_src, b_src, sa_rows, sb_rows, a_rows, b_rows, row_ok, col_ok, h, m0, n0, kb,
-                                 stride_sar, stride_sbr, BLOCK_M, BLOCK_N, TMA)
-        if UNROLL == 2:        # both products in flight before either is scaled
-            a1, b1, sa1, sb1 = _operands(a_src, b_src, sa_rows, sb_rows, a_rows, b_rows, row_ok, col_ok, h, m0,
-                                         n0, kb + 1, stride_sar, stride_sbr, BLOCK_M, BLOCK_N, TMA)
-            p = tl.dot(a, tl.trans(b))
-            p1 = tl.dot(a1, tl.trans(b1))
-            acc += p * sa[:, None] * sb[None, :] + p1 * sa1[:, None] * sb1[None, :]
+        a, b, sa, sb = _operands(a_src, b_src, sa_rows, sb_base, a_rows, b_rows, row_ok, col_ok, cols, h, m0, n0, kb,
+                                 stride_sar, stride_sbn, stride_sbr, BLOCK_M, BLOCK_N, TMA)
+        if UNROLL == 2:
+            # Triton keeps at most one product in flight across iterations: the pair's second,
+            # whose accumulator is the loop-carried p1 (zeroed by a multiply, which keeps it
+            # carried), runs on through the next iteration's loads and the scaling of p0.
+            a1, b1, sa_next, sb_next = _operands(a_src, b_src, sa_rows, sb_base, a_rows, b_rows, row_ok, col_ok, cols,
+                                                 h, m0, n0, kb + 1, stride_sar, stride_sbn, stride_sbr, BLOCK_M,
+                                                 BLOCK_N, TMA)
+            acc += _scaled(p0, sa0, sb0, BLOCK_N)
+            p0 = tl.dot(a, tl.trans(b), p0 * 0.0)
+            acc += _scaled(p1, sa1, sb1, BLOCK_N)
+            p1 = tl.dot(a1, tl.trans(b1), p1 * 0.0)
+            sa0 = sa
+            sb0 = sb
+            sa1 = sa_next
+            sb1 = sb_next
         else:
-            acc += tl.dot(a, tl.trans(b)) * sa[:, None] * sb[None, :]
+            acc += _scaled(tl.dot(a, tl.trans(b)), sa, sb, BLOCK_N)
     if UNROLL == 2:
+        acc += _scaled(p0, sa0, sb0, BLOCK_N) + _scaled(p1, sa1, sb1, BLOCK_N)
         if steps % 2 == 1:     # the odd last step
-            a, b, sa, sb = _operands(a_src, b_src, sa_rows, sb_rows, a_rows, b_rows, row_ok, col_ok, h, m0, n0,
-                                     steps - 1, stride_sar, stride_sbr, BLOCK_M, BLOCK_N, TMA)
-            acc += tl.dot(a, tl.trans(b)) * sa[:, None] * sb[None, :]
+            a, b, sa, sb = _operands(a_src, b_src, sa_rows, sb_base, a_rows, b_rows, row_ok, col_ok, cols, h, m0, n0,
+                                     steps - 1, stride_sar, stride_sbn, stride_sbr, BLOCK_M, BLOCK_N, TMA)
+            acc += _scaled(tl.dot(a, tl.trans(b)), sa, sb, BLOCK_N)
     out = d_ptr + rows.to(tl.int64)[:, None] * stride_db + h64 * stride_dh + cols[None, :]
     tl.store(out, acc.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
