@@ -366,15 +366,21 @@ def test_bad_triton_tuning_is_config_error(env, value, why):
     assert (tune.decode_block_h, tune.einsum_unroll, tune.einsum_tma, tune.einsum_ws) == (32, 2, 1, 0)
 
 
-@pytest.mark.parametrize("value", ["decode_block_v=1024", "prefill_block_v=8", "decode_block_v=384"])
-def test_triton_tuning_block_v_is_a_power_of_two_up_to_the_512_output_columns(env, value):
+@pytest.mark.parametrize("value,why", [("decode_block_v=1024", "a power of two from 16 to 512"),
+                                       ("prefill_block_v=8", "a power of two from 16 to 512"),
+                                       ("decode_block_v=384", "a power of two from 16 to 512"),
+                                       ("decode_maxnreg=16", "0 [(]no cap[)] or from 32 to 255"),
+                                       ("prefill_maxnreg=256", "0 [(]no cap[)] or from 32 to 255")])
+def test_triton_tuning_output_columns_and_register_caps(env, value, why):
+    """Output columns per program are a power of two up to the 512 of a row; register caps are 0 or a
+    count ptxas can honour."""
     from dsv4ops.backends.triton.tuning import tuning
     env(DSV4OPS_TRITON_TUNING=value)
-    with pytest.raises(dsv4ops.ConfigError, match=f"{value} must be a power of two from 16 to 512"):
+    with pytest.raises(dsv4ops.ConfigError, match=f"{value} must be {why}"):
         tuning(dsv4ops.platform("cpu"))
-    env(DSV4OPS_TRITON_TUNING="decode_block_v=256,decode_warps=4,prefill_block_v=16")
+    env(DSV4OPS_TRITON_TUNING="decode_block_v=256,decode_warps=4,prefill_block_v=16,decode_maxnreg=128")
     tune = tuning(dsv4ops.platform("cpu"))
-    assert (tune.decode_block_v, tune.decode_warps, tune.prefill_block_v) == (256, 4, 16)
+    assert (tune.decode_block_v, tune.decode_warps, tune.prefill_block_v, tune.decode_maxnreg) == (256, 4, 16, 128)
 
 
 @pytest.mark.parametrize("vendor,arch,lanes,warps", [("cuda", "sm90", 32, 32), ("rocm", "gfx942", 64, 16),

@@ -206,13 +206,14 @@ def choose_splits(programs: int, index_blocks: int, device: torch.device, waves:
 def sparse_mla_decode(a):
     tune = tuning(platform(a.q.device))
     return attend(a, tune.decode_block_h, tune.decode_block_k, tune.decode_block_v, tune.decode_warps,
-                  tune.decode_stages, tune.decode_waves)
+                  tune.decode_stages, tune.decode_waves, tune.decode_maxnreg)
 
 
-def attend(a, BLOCK_H: int, BLOCK_K: int, BLOCK_V: int, warps: int, stages: int, waves: int):
+def attend(a, BLOCK_H: int, BLOCK_K: int, BLOCK_V: int, warps: int, stages: int, waves: int, maxnreg: int):
     """Run the kernels on typed args ``a`` (sparse_mla_decode's or sparse_mla_prefill's, which are the
-    same) with the given tiles (``BLOCK_V`` output columns per program, a power of two up to 512);
-    returns (out bf16 [T, H, 512], lse fp32 [T, H] or None)."""
+    same) with the given tiles (``BLOCK_V`` output columns per program, a power of two up to 512) and
+    register cap per thread (``maxnreg``, NVIDIA only; 0: none); returns (out bf16 [T, H, 512], lse
+    fp32 [T, H] or None)."""
     T, H, _ = a.q.shape
     out = decode_output(a.q, a.out)
     lse = torch.empty(T, H, dtype=torch.float32, device=a.q.device)
@@ -240,6 +241,7 @@ def attend(a, BLOCK_H: int, BLOCK_K: int, BLOCK_V: int, warps: int, stages: int,
     lens, x_idx, x_lens = a.topk_lens, a.extra_indices, a.extra_topk_lens
     sink = a.attn_sink if a.attn_sink is not None else lse
     sink_s = a.attn_sink.stride(0) if a.attn_sink is not None else 0
+    cap = {"maxnreg": maxnreg} if maxnreg and platform(a.q.device).vendor == "cuda" else {}
     _decode_kernel[(T * head_blocks * v_blocks, splits)](
         a.q, H, a.kv_cache, a.indices, *a.indices.stride(), _or(lens, dummy), _stride(lens), topk, a.block_size, page,
         a.extra_kv_cache if has_extra else a.kv_cache, _or(x_idx, dummy), *(x_idx.stride() if has_extra else (0, 0)),
@@ -248,7 +250,7 @@ def attend(a, BLOCK_H: int, BLOCK_K: int, BLOCK_V: int, warps: int, stages: int,
         HAS_LENS=lens is not None, HAS_EXTRA=has_extra, HAS_X_LENS=x_lens is not None,
         HAS_SINK=a.attn_sink is not None, LAYOUT=layout.kind, FNUZ=layout.fp8_flavour == "fnuz",
         SPLIT=splits > 1, Q_SCALE_PTR=qs_ptr, KV_SCALE_PTR=ks_ptr, BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K,
-        BLOCK_V=BLOCK_V, num_warps=warps, num_stages=stages,
+        BLOCK_V=BLOCK_V, num_warps=warps, num_stages=stages, **cap,
     )
     if splits > 1:
         _combine_kernel[(T, head_blocks, v_blocks)](

@@ -19,12 +19,14 @@ class Tuning:
     decode_block_h: int = 32        # query heads per program (>= 16 for tl.dot)
     decode_block_k: int = 32        # cache rows per step
     decode_block_v: int = 512       # output columns per program (< 512: 512 / this programs per head block)
+    decode_maxnreg: int = 0         # registers per thread, a ptxas cap on NVIDIA GPUs (0: none)
     decode_warps: int = 8
     decode_stages: int = 1
     decode_waves: int = 2           # split the index list until about this many programs per SM
     prefill_block_h: int = 32       # sparse_mla_prefill: query heads per program (>= 16 for tl.dot)
     prefill_block_k: int = 32       # sparse_mla_prefill: cache rows per step
     prefill_block_v: int = 512      # sparse_mla_prefill: output columns per program
+    prefill_maxnreg: int = 0        # sparse_mla_prefill: registers per thread (NVIDIA; 0: no cap)
     prefill_warps: int = 8
     prefill_stages: int = 1
     logits_block_t: int = 64        # compressed tokens per program
@@ -111,6 +113,8 @@ def _allowed(name: str, value: int, max_warps: int) -> str | None:
         return None if value >= 1 else "at least 1"
     if name.endswith("_block_v"):
         return None if power_of_two and 16 <= value <= 512 else "a power of two from 16 to 512 (output columns)"
+    if name.endswith("_maxnreg"):
+        return None if value == 0 or 32 <= value <= 255 else "0 (no cap) or from 32 to 255 registers"
     minimum = 16 if name in _DOT_OPERANDS else 1
     return None if power_of_two and value >= minimum else f"a power of two, at least {minimum}"
 

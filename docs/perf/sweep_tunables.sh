@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sweep the Triton einsum / top-k / logits / prefill / mqa / insert / compress tunables on the production shapes (after
 # docs/gpu_run.sh installed the wheels): PYTHONPATH=/tmp/site bash docs/perf/sweep_tunables.sh LOG [SECTION...]
-# (sections: einsum topk logits prefill mqa insert compress; default all; also einsum-variants topk-warps).
+# (sections: einsum topk logits prefill mqa insert compress; default all; also einsum-variants topk-warps decode-v).
 log=${1:-/tmp/sweep_tunables.txt}; shift
 sections=" ${*:-einsum topk logits prefill mqa insert compress} "
 want() { [[ "$sections" == *" $1 "* ]]; }
@@ -45,6 +45,22 @@ want prefill && for c in 64,32,8,1 64,32,8,2 64,16,8,1 64,64,8,1 32,32,4,1; do
   IFS=, read -r h k w s <<< "$c"
   run sparse_mla_prefill prefill_block_h=$h,prefill_block_k=$k,prefill_warps=$w,prefill_stages=$s
 done
+# Output columns per program (decode_block_v / prefill_block_v < 512: 512 / that many programs per head block, adjacent
+# in the grid, each scoring the full rows and accumulating only its columns), against the defaults (first of each
+# op). Compiled offline for sm90 (Triton 3.6; heads,rows,columns,warps: registers / spills / shared memory; the H100
+# has 64K registers and 228 KiB per SM): 64,32,512,8 255 / 8 B / 96 KiB (1 program per SM); 64,32,256,4 255 / 632 B /
+# 112 KiB (2); 64,32,256,8 255 / 0 / 112 KiB (1), with decode_maxnreg=128 128 / 256 B (2); 64,64,256,4 255 / 948 B /
+# 160 KiB (1); 64,32,128,4 255 / 144 B / 104 KiB (2); 64,16,256,4 255 / 548 B / 88 KiB (2); 64,16,256,8 with
+# maxnreg=128 128 / 108 B / 88 KiB (2); 64,32,128,8 with maxnreg=128 128 / 56 B / 104 KiB (2). decode_waves counts
+# the column programs (2: split the index list up to two programs per SM).
+want decode-v && for c in decode_block_v=512 decode_block_v=256,decode_warps=4 decode_block_v=256,decode_warps=8 \
+         decode_block_v=256,decode_block_k=64,decode_warps=4 decode_block_v=128,decode_warps=4 \
+         decode_block_v=256,decode_warps=4,decode_waves=2 decode_block_v=256,decode_warps=8,decode_maxnreg=128 \
+         decode_block_v=256,decode_warps=8,decode_maxnreg=128,decode_waves=2 \
+         decode_block_v=128,decode_warps=8,decode_maxnreg=128,decode_waves=2 \
+         decode_block_v=256,decode_block_k=16,decode_warps=4,decode_waves=2; do run sparse_mla_decode $c; done
+want decode-v && for c in prefill_block_v=512 prefill_block_v=256,prefill_warps=4 prefill_block_v=256,prefill_warps=8 \
+         prefill_block_v=256,prefill_warps=8,prefill_maxnreg=128; do run sparse_mla_prefill $c; done
 # mqa_logits (production case T=4096, S=32768 causal): query rows x keys per dot x keys per program x warps x
 # stages. Compiled offline for sm90: 2,128,*,8,3 uses 221 registers (255 with clean) without spills; 2,128 at 4
 # warps and 4,64 at 8 warps spill.
