@@ -3,10 +3,11 @@ and 128x128 weight scales applied per 128-wide K step (fp32 accumulation). ``a``
 strides) and both scale tensors (all strides) are read through their strides.
 
 Variants chosen by the tunables: ``einsum_unroll=2`` takes two K steps per iteration and scales
-each product one iteration late, so the second product of a pair runs while the first is scaled;
-``einsum_tma=1`` loads the fp8 tiles through host-built tensor descriptors (TMA on Hopper) when the
-operands' addresses and strides allow it, and ``einsum_ws=1`` then warp-specializes the K loop
-(Triton 3.6 on sm90: a loading warp group and two 4-warp consumer groups, 64 rows each)."""
+each product one iteration late, so the second product of a pair stays in flight into the next
+iteration; ``einsum_tma=1`` loads the fp8 tiles through host-built tensor descriptors (TMA on
+Hopper) when the operands' addresses and strides allow it, and ``einsum_ws=1`` then
+warp-specializes the K loop (Triton 3.6 on sm90: a loading warp group and two 4-warp consumer
+groups, 64 rows each)."""
 from __future__ import annotations
 
 import torch
@@ -93,7 +94,8 @@ def _fp8_einsum_kernel(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, D, R,
         if UNROLL == 2:
             # Triton keeps at most one product in flight across iterations: the pair's second,
             # whose accumulator is the loop-carried p1 (zeroed by a multiply, which keeps it
-            # carried), runs on through the next iteration's loads and the scaling of p0.
+            # carried), runs on through the next iteration's loads. Scaling a product after the
+            # next one is issued makes ptxas serialize the wgmmas (C7514), so both are scaled late.
             a1, b1, sa_next, sb_next = _operands(a_src, b_src, sa_rows, sb_base, a_rows, b_rows, row_ok, col_ok, cols,
                                                  h, m0, n0, kb + 1, stride_sar, stride_sbn, stride_sbr, BLOCK_M,
                                                  BLOCK_N, TMA)
