@@ -353,6 +353,7 @@ def test_sm_major():
 @pytest.mark.parametrize("value,why", [("decode_block_h=0", "power of two, at least 16"),
                                        ("decode_block_k=24", "power of two"), ("topk_warps=64", "1 to 32"),
                                        ("decode_stages=0", "at least 1"), ("nope=4", "bad entry"),
+                                       ("topk_resident=65536", "from 1 to 32768"),
                                        ("decode_block_h=", "bad entry"), ("einsum_unroll=3", "einsum_unroll=3 must be 1 or 2"),
                                        ("einsum_unroll=0", "1 or 2"), ("einsum_tma=2", "einsum_tma=2 must be 0 or 1"),
                                        ("einsum_ws=4", "einsum_ws=4 must be 0 or 1")])

@@ -116,10 +116,14 @@ def _allowed(name: str, value: int, max_warps: int) -> str | None:
     if name.endswith("_maxnreg"):
         return None if value == 0 or 32 <= value <= 255 else "0 (no cap) or from 32 to 255 registers"
     minimum = 16 if name in _DOT_OPERANDS else 1
+    maximum = _MAXIMUM.get(name)
+    if maximum is not None:
+        return None if power_of_two and minimum <= value <= maximum else f"a power of two from {minimum} to {maximum}"
     return None if power_of_two and value >= minimum else f"a power of two, at least {minimum}"
 
 
 _CHOICES = {"einsum_unroll": (1, 2), "einsum_tma": (0, 1), "einsum_ws": (0, 1)}
+_MAXIMUM = {"topk_resident": 32768}     # a resident top-k counts its output slots in 16-bit fields
 _DOT_OPERANDS = ("decode_block_h", "decode_block_k", "prefill_block_h", "prefill_block_k", "einsum_block_m",
                  "einsum_block_n", "mqa_block_s")
 

@@ -193,6 +193,8 @@ def _topk(tier):
         for mode, data in itertools.product(("ranges", "decode1d", "decode2d"), ("random", "ties", "neg_inf")):
             yield make_case(op, tier, R=6, W=300, k=64, mode=mode, next_n=2 if mode != "ranges" else 1, data=data,
                         out=data == "ties")
+        for data in ("heavy_tail", "bf16"):
+            yield make_case(op, tier, R=4, W=300, k=64, mode="ranges", data=data)
         yield make_case(op, tier, R=4, W=50, k=64, mode="ranges", corner="empty")         # k > W
         yield make_case(op, tier, R=4, W=128, k=32, mode="decode1d", next_n=2, corner="empty")
         yield make_case(op, tier, R=5, W=200, k=16, mode="ranges", column_major=True)
@@ -200,7 +202,8 @@ def _topk(tier):
     for model, k in INDEX_TOPK.items():
         for mode, next_n in (("decode2d", 1), ("decode2d", 2), ("decode1d", 2), ("ranges", 1)):
             yield make_case(op, tier, R=128, W=32768, k=k, mode=mode, next_n=next_n)
-        yield make_case(op, tier, R=64, W=8192, k=k, mode="decode2d", data="ties")
+        for data in ("ties", "heavy_tail", "bf16"):
+            yield make_case(op, tier, R=64, W=8192, k=k, mode="decode2d", data=data)
         yield make_case(op, tier, R=64, W=4096, k=k, mode="ranges", data="neg_inf", corner="empty")
     yield make_case(op, tier, R=32, W=700, k=1024, mode="ranges")                       # k > W
 

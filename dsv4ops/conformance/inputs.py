@@ -206,6 +206,10 @@ def indexer_topk(device, gen, *, R, W, k, mode="ranges", next_n=1, data="random"
         logits = _randint(gen, 0, 6, (R, W)).to(torch.float32)
     elif data == "neg_inf":
         logits[torch.rand(R, W, generator=gen) < 0.5] = float("-inf")
+    elif data == "heavy_tail":                  # log-normal: the top spans many binades
+        logits = torch.exp(logits * 3)
+    elif data == "bf16":                        # 8 significant bits: long runs of equal values
+        logits = logits.to(torch.bfloat16).to(torch.float32)
     kwargs = dict(logits=logits, k=k)
     if mode == "ranges":
         starts = _randint(gen, 0, max(W // 4, 1), (R,))
