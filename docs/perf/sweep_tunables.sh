@@ -18,17 +18,20 @@ want einsum && for c in einsum_block_m=64,einsum_block_n=128,einsum_warps=4,eins
          einsum_block_m=64,einsum_block_n=128,einsum_warps=4,einsum_stages=3; do run fp8_einsum $c; done
 # fp8_einsum variants (B=1024 H=8 R=4096 D=1024 among the production cases): two K steps per iteration, TMA
 # descriptors, a warp-specialized K loop; the sm90 defaults are 64 x 128 tiles, 4 warps, 4 stages. Compiled offline
-# for sm90 (Triton 3.6, ptxas registers / shared memory): pointers 224 / 97 KiB; unroll=2 spills (255) and doubles
-# the shared memory per stage (2 stages here); tma=1 159 / 97 KiB (3 stages: 73 KiB, three programs per SM);
-# tma,unroll=2 254 at 2 stages. ws=1 makes two 4-warp consumer warp groups and a producer: at 128 rows each consumer
-# takes 64 (168 registers), at 64 rows both compute the same tile; at 8 warps it is not applied. 128 x 128 x 8 warps:
-# tma 198 registers; 128 x 256 x 8 warps spills with or without TMA.
-want einsum-variants && for c in einsum_tma=0 einsum_unroll=2,einsum_stages=2 einsum_unroll=2 \
-         einsum_tma=1 einsum_tma=1,einsum_stages=3 einsum_tma=1,einsum_stages=5 einsum_tma=1,einsum_unroll=2,einsum_stages=2 \
+# for sm90 (Triton 3.6; ptxas registers, shared memory): pointers 178 (224 before the one-multiply scaling), 96 KiB;
+# tma=1 152, 96 KiB (3 stages: 72 KiB, three programs per SM); unroll=2 doubles the shared memory per stage (2-3
+# stages here) and uses 255 registers (spills: 76 bytes with TMA, 600 without). ws=1 makes a loading warp group and
+# two 4-warp consumer groups: at 128 rows each consumer takes 64 (168 registers); at 64 rows both compute the same
+# tile; with unroll=2 or 8 warps it is not applied. 128 x 128 x 8 warps: 175 registers, 156 with TMA (one program per
+# SM); 128 x 256 x 8 warps spills (255) with or without TMA.
+want einsum-variants && for c in einsum_tma=0 einsum_unroll=2,einsum_stages=2 \
+         einsum_tma=1 einsum_tma=1,einsum_stages=3 einsum_tma=1,einsum_stages=5 \
+         einsum_tma=1,einsum_unroll=2,einsum_stages=2 einsum_tma=1,einsum_unroll=2,einsum_stages=3 \
          einsum_tma=1,einsum_ws=1 einsum_tma=1,einsum_ws=1,einsum_block_m=128,einsum_stages=3 \
          einsum_tma=1,einsum_ws=1,einsum_block_m=128,einsum_stages=4 \
-         einsum_tma=1,einsum_block_m=128,einsum_warps=8,einsum_stages=3 einsum_tma=1,einsum_block_m=128,einsum_warps=8 \
-         einsum_block_m=128,einsum_warps=8,einsum_unroll=2,einsum_stages=2 \
+         einsum_block_m=128,einsum_warps=8 einsum_tma=1,einsum_block_m=128,einsum_warps=8,einsum_stages=3 \
+         einsum_tma=1,einsum_block_m=128,einsum_warps=8 \
+         einsum_tma=1,einsum_block_m=128,einsum_warps=8,einsum_unroll=2,einsum_stages=2 \
          einsum_tma=1,einsum_block_m=128,einsum_block_n=256,einsum_warps=8,einsum_stages=3 \
          einsum_tma=1,einsum_block_m=128,einsum_block_n=256,einsum_warps=8,einsum_stages=2; do run fp8_einsum $c; done
 # top-k: the longest resident piece (rows split to fill the GPU)
