@@ -356,7 +356,8 @@ def test_sm_major():
                                        ("topk_resident=65536", "from 1 to 32768"),
                                        ("decode_block_h=", "bad entry"), ("einsum_unroll=3", "einsum_unroll=3 must be 1 or 2"),
                                        ("einsum_unroll=0", "1 or 2"), ("einsum_tma=2", "einsum_tma=2 must be 0 or 1"),
-                                       ("einsum_ws=4", "einsum_ws=4 must be 0 or 1")])
+                                       ("einsum_ws=4", "einsum_ws=4 must be 0 or 1"),
+                                       ("einsum_persistent=5", "einsum_persistent=5 must be 0, 1, 2, 3 or 4")])
 def test_bad_triton_tuning_is_config_error(env, value, why):
     from dsv4ops.backends.triton.tuning import tuning
     env(DSV4OPS_TRITON_TUNING=value)

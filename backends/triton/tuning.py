@@ -40,9 +40,10 @@ class Tuning:
     einsum_block_n: int = 128
     einsum_warps: int = 4
     einsum_stages: int = 3
-    einsum_unroll: int = 1          # K steps per loop iteration (2: both products issued before either is scaled)
+    einsum_unroll: int = 1          # K steps per loop iteration (2: the second product runs into the next iteration)
     einsum_tma: int = 0             # 1: fp8 tiles through TMA descriptors where addresses and strides allow
     einsum_ws: int = 0              # 1 (with einsum_tma): warp-specialized K loop
+    einsum_persistent: int = 0      # > 0: this many programs per SM, each looping over output tiles
     topk_block: int = 2048
     topk_warps: int = 8
     topk_resident: int = 32768      # the most positions a program selects from in registers
@@ -106,7 +107,8 @@ def _allowed(name: str, value: int, max_warps: int) -> str | None:
     switches one of their listed values."""
     power_of_two = value > 0 and not value & (value - 1)
     if name in _CHOICES:
-        return None if value in _CHOICES[name] else " or ".join(map(str, _CHOICES[name]))
+        *first, last = _CHOICES[name]
+        return None if value in _CHOICES[name] else f"{', '.join(map(str, first))} or {last}"
     if name.endswith("_warps"):
         return None if power_of_two and value <= max_warps else f"a power of two from 1 to {max_warps} here"
     if name.endswith(("_stages", "_waves")):
@@ -122,7 +124,7 @@ def _allowed(name: str, value: int, max_warps: int) -> str | None:
     return None if power_of_two and value >= minimum else f"a power of two, at least {minimum}"
 
 
-_CHOICES = {"einsum_unroll": (1, 2), "einsum_tma": (0, 1), "einsum_ws": (0, 1)}
+_CHOICES = {"einsum_unroll": (1, 2), "einsum_tma": (0, 1), "einsum_ws": (0, 1), "einsum_persistent": (0, 1, 2, 3, 4)}
 _MAXIMUM = {"topk_resident": 32768}     # a resident top-k counts its output slots in 16-bit fields
 _DOT_OPERANDS = ("decode_block_h", "decode_block_k", "prefill_block_h", "prefill_block_k", "einsum_block_m",
                  "einsum_block_n", "mqa_block_s")

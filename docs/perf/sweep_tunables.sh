@@ -23,7 +23,8 @@ want einsum && for c in einsum_block_m=64,einsum_block_n=128,einsum_warps=4,eins
 # stages here) and uses 255 registers (spills: 76 bytes with TMA, 600 without). ws=1 makes a loading warp group and
 # two 4-warp consumer groups: at 128 rows each consumer takes 64 (168 registers); at 64 rows both compute the same
 # tile; with unroll=2 or 8 warps it is not applied. 128 x 128 x 8 warps: 175 registers, 156 with TMA (one program per
-# SM); 128 x 256 x 8 warps spills (255) with or without TMA.
+# SM); 128 x 256 x 8 warps spills (255) with or without TMA. einsum_persistent=k: k programs per SM loop over the
+# tiles (pointers 225 registers, TMA 159-161; ws at 128 rows 168).
 want einsum-variants && for c in einsum_tma=0 einsum_unroll=2,einsum_stages=2 \
          einsum_tma=1 einsum_tma=1,einsum_stages=3 einsum_tma=1,einsum_stages=5 \
          einsum_tma=1,einsum_unroll=2,einsum_stages=2 einsum_tma=1,einsum_unroll=2,einsum_stages=3 \
@@ -33,7 +34,9 @@ want einsum-variants && for c in einsum_tma=0 einsum_unroll=2,einsum_stages=2 \
          einsum_tma=1,einsum_block_m=128,einsum_warps=8 \
          einsum_tma=1,einsum_block_m=128,einsum_warps=8,einsum_unroll=2,einsum_stages=2 \
          einsum_tma=1,einsum_block_m=128,einsum_block_n=256,einsum_warps=8,einsum_stages=3 \
-         einsum_tma=1,einsum_block_m=128,einsum_block_n=256,einsum_warps=8,einsum_stages=2; do run fp8_einsum $c; done
+         einsum_tma=1,einsum_block_m=128,einsum_block_n=256,einsum_warps=8,einsum_stages=2 \
+         einsum_persistent=2 einsum_tma=1,einsum_persistent=2 einsum_tma=1,einsum_stages=3,einsum_persistent=3 \
+         einsum_tma=1,einsum_ws=1,einsum_block_m=128,einsum_stages=3,einsum_persistent=1; do run fp8_einsum $c; done
 # top-k: the longest resident piece (rows split to fill the GPU)
 want topk && for res in 16384 8192 4096; do run indexer_topk topk_resident=$res,topk_min_piece=2048; done
 want topk-warps && for kpt in 16 32 64; do run indexer_topk topk_keys_per_thread=$kpt; done
