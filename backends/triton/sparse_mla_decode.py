@@ -1,10 +1,13 @@
 """Triton op 2: sparse MQA decode that reads each selected cache row once per (token, head block),
 dequantizes it in registers and serves all heads of the block from it (online softmax, base 2).
 
-Grid (T x head blocks, splits), the head blocks of one token adjacent (they read the same rows,
-which then come from L2). When T x head blocks cannot fill the GPU, the combined index list (SWA
-segment, then extra segment) is split across programs and a second kernel merges the partial
-results by their log-sum-exp; the sink and the lonely-row rule are applied at the end.
+Grid (T x head blocks x column blocks, splits), the head blocks of one token adjacent (they read the
+same rows, which then come from L2). With ``BLOCK_V`` < 512 output columns per program, the 512 /
+BLOCK_V column programs of a head block are adjacent: each scores the full rows and accumulates only
+its columns (a smaller accumulator, so programs can share a multiprocessor). When the programs
+cannot fill the GPU, the combined index list (SWA segment, then extra segment) is split across
+programs and a second kernel merges the partial results by their log-sum-exp; the sink and the
+lonely-row rule are applied at the end.
 sparse_mla_prefill (sparse_mla_prefill.py) runs the same kernels with its own tile sizes.
 """
 from __future__ import annotations
