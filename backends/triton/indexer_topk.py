@@ -89,9 +89,10 @@ def _count_and_neighbours(a_count, a_up, a_down, b_count, b_up, b_down):
 
 
 @triton.jit
-def _kth_largest(key, live_count, want):
-    """The ``want``-th largest of the ``live_count`` live keys (``key`` >= 1; 0 marks a dead one), or
-    a key value with exactly ``want`` live keys at or above it (all ones when ``want`` is 0).
+def _kth_largest(key, k):
+    """``(threshold, want)``: ``want`` = min(k, live keys) (``key`` >= 1; 0 marks a dead one), and
+    the ``want``-th largest live key, or a key value with exactly ``want`` live keys at or above it
+    (all ones when ``want`` is 0).
 
     A bracketed search: ``lo`` is a live key with at least ``want`` keys at or above it, ``hi`` a
     bound with fewer. Each step counts the keys at or above a trial point (one block reduction, which
@@ -102,8 +103,12 @@ def _kth_largest(key, live_count, want):
     against 32 for a bit-by-bit bisection. It ends when ``lo`` has exactly ``want`` keys at or above
     it or the bracket holds one key value.
     """
-    lo = tl.min(tl.where(key > 0, key, 0xFFFFFFFF), axis=0).to(tl.int64)
-    hi = tl.max(key, axis=0).to(tl.int64) + 1
+    live = key > 0
+    live_count, lo, hi = tl.reduce((live.to(tl.int32), tl.where(live, key, 0xFFFFFFFF), key), 0,
+                                   _count_and_neighbours)        # one reduction: count, min, max
+    want = tl.minimum(live_count, k)
+    lo = lo.to(tl.int64)
+    hi = hi.to(tl.int64) + 1
     excess_lo = (live_count - want).to(tl.float32)                            # count(>= lo) - want
     excess_hi = -want.to(tl.float32)                                          # count(>= hi) - want
     budget = tl.full((), 1 << 33, tl.int64)
@@ -126,7 +131,7 @@ def _kth_largest(key, live_count, want):
             excess_hi = excess
             excess_lo = tl.where(kept == -1, excess_lo * 0.5, excess_lo)
             kept = -1
-    return tl.where(want > 0, lo, 0xFFFFFFFF).to(tl.uint32)
+    return tl.where(want > 0, lo, 0xFFFFFFFF).to(tl.uint32), want
 
 
 @triton.jit
@@ -152,9 +157,7 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
     if RESIDENT:                                 # hi - lo <= BLOCK: one load, selection in registers
         _, live, key = _candidates(src, stride_c, cand_row, lo + tl.arange(0, BLOCK), lo, hi, GATHER)
         key = tl.where(live, tl.maximum(key, 1), 0)     # 0: dead (keys 0 and 1 are both -NaN)
-        live_count = tl.sum(live.to(tl.int32), axis=0)
-        want = tl.minimum(live_count, k)
-        threshold = _kth_largest(key, live_count, want)
+        threshold, want = _kth_largest(key, k)
         col = _columns(cand_row, lo + tl.arange(0, BLOCK), hi, GATHER)    # again: fewer registers held
         above = key > threshold
         tie = key == threshold
