@@ -57,8 +57,10 @@ done
 # has 64K registers and 228 KiB per SM): 64,32,512,8 255 / 8 B / 96 KiB (1 program per SM); 64,32,256,4 255 / 632 B /
 # 112 KiB (2); 64,32,256,8 255 / 0 / 112 KiB (1), with decode_maxnreg=128 128 / 256 B (2); 64,64,256,4 255 / 948 B /
 # 160 KiB (1); 64,32,128,4 255 / 144 B / 104 KiB (2); 64,16,256,4 255 / 548 B / 88 KiB (2); 64,16,256,8 with
-# maxnreg=128 128 / 108 B / 88 KiB (2); 64,32,128,8 with maxnreg=128 128 / 56 B / 104 KiB (2). decode_waves counts
-# the column programs (2: split the index list up to two programs per SM).
+# maxnreg=128 128 / 108 B / 88 KiB (2); 64,32,128,8 with maxnreg=128 128 / 56 B / 104 KiB (2). At 4 warps the spills
+# are mostly the wgmma descriptors of the q tile (loop-invariant, reloaded from L1: 64,32,256,4 has 57 local loads
+# next to 26 global loads per 32-row step), not the accumulator. decode_waves counts the column programs (2: split the
+# index list up to two programs per SM).
 want decode-v && for c in decode_block_v=512 decode_block_v=256,decode_warps=4 decode_block_v=256,decode_warps=8 \
          decode_block_v=256,decode_block_k=64,decode_warps=4 decode_block_v=128,decode_warps=4 \
          decode_block_v=256,decode_warps=4,decode_waves=2 decode_block_v=256,decode_warps=8,decode_maxnreg=128 \
