@@ -354,35 +354,16 @@ def test_sm_major():
                                        ("decode_block_k=24", "power of two"), ("topk_warps=64", "1 to 32"),
                                        ("decode_stages=0", "at least 1"), ("nope=4", "bad entry"),
                                        ("topk_resident=65536", "from 1 to 32768"),
-                                       ("decode_block_h=", "bad entry"), ("einsum_unroll=3", "einsum_unroll=3 must be 1 or 2"),
-                                       ("einsum_unroll=0", "1 or 2"), ("einsum_tma=2", "einsum_tma=2 must be 0 or 1"),
-                                       ("einsum_ws=4", "einsum_ws=4 must be 0 or 1"),
+                                       ("decode_block_h=", "bad entry"), ("einsum_tma=2", "einsum_tma=2 must be 0 or 1"),
                                        ("einsum_persistent=5", "einsum_persistent=5 must be 0, 1, 2, 3 or 4")])
 def test_bad_triton_tuning_is_config_error(env, value, why):
     from dsv4ops.backends.triton.tuning import tuning
     env(DSV4OPS_TRITON_TUNING=value)
     with pytest.raises(dsv4ops.ConfigError, match=why):
         tuning(dsv4ops.platform("cpu"))
-    env(DSV4OPS_TRITON_TUNING="decode_block_h=32,topk_warps=4,einsum_unroll=2,einsum_tma=1,einsum_ws=0")
+    env(DSV4OPS_TRITON_TUNING="decode_block_h=32,topk_warps=4,einsum_tma=1,einsum_persistent=2")
     tune = tuning(dsv4ops.platform("cpu"))
-    assert (tune.decode_block_h, tune.einsum_unroll, tune.einsum_tma, tune.einsum_ws) == (32, 2, 1, 0)
-
-
-@pytest.mark.parametrize("value,why", [("decode_block_v=1024", "a power of two from 16 to 512"),
-                                       ("prefill_block_v=8", "a power of two from 16 to 512"),
-                                       ("decode_block_v=384", "a power of two from 16 to 512"),
-                                       ("decode_maxnreg=16", "0 [(]no cap[)] or from 32 to 255"),
-                                       ("prefill_maxnreg=256", "0 [(]no cap[)] or from 32 to 255")])
-def test_triton_tuning_output_columns_and_register_caps(env, value, why):
-    """Output columns per program are a power of two up to the 512 of a row; register caps are 0 or a
-    count ptxas can honour."""
-    from dsv4ops.backends.triton.tuning import tuning
-    env(DSV4OPS_TRITON_TUNING=value)
-    with pytest.raises(dsv4ops.ConfigError, match=f"{value} must be {why}"):
-        tuning(dsv4ops.platform("cpu"))
-    env(DSV4OPS_TRITON_TUNING="decode_block_v=256,decode_warps=4,prefill_block_v=16,decode_maxnreg=128")
-    tune = tuning(dsv4ops.platform("cpu"))
-    assert (tune.decode_block_v, tune.decode_warps, tune.prefill_block_v, tune.decode_maxnreg) == (256, 4, 16, 128)
+    assert (tune.decode_block_h, tune.einsum_tma, tune.einsum_persistent) == (32, 1, 2)
 
 
 @pytest.mark.parametrize("vendor,arch,lanes,warps", [("cuda", "sm90", 32, 32), ("rocm", "gfx942", 64, 16),

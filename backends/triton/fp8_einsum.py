@@ -2,12 +2,9 @@
 and 128x128 weight scales applied per 128-wide K step (fp32 accumulation). ``a`` (batch and group
 strides) and both scale tensors (all strides) are read through their strides.
 
-Variants chosen by the tunables: ``einsum_unroll=2`` takes two K steps per iteration and scales
-each product one iteration late, so the second product of a pair stays in flight into the next
-iteration; ``einsum_tma=1`` loads the fp8 tiles through host-built tensor descriptors (TMA on
-Hopper) when the operands' addresses and strides allow it, and ``einsum_ws=1`` then
-warp-specializes the K loop (Triton 3.6 on sm90: a loading warp group and two 4-warp consumer
-groups, 64 rows each); ``einsum_persistent=k`` launches k programs per SM that loop over the tiles."""
+With ``einsum_tma`` the fp8 tiles are loaded through host-built tensor descriptors (TMA on Hopper)
+when the operands' addresses and strides allow it, pointer loads otherwise; with
+``einsum_persistent=k`` k programs per SM loop over the output tiles."""
 from __future__ import annotations
 
 import torch
@@ -45,16 +42,17 @@ def _scaled(p, sa, sb, BLOCK_N: tl.constexpr):
     """``p`` [BLOCK_M, BLOCK_N] times its row and column scales (one multiply per element when the
     column scale is one scalar)."""
     if BLOCK_N <= 128:
-        return p * (sa * sb)[:, None]
-    return p * sa[:, None] * sb[None, :]
+        scaled = p * (sa * sb)[:, None]
+    else:
+        scaled = p * sa[:, None] * sb[None, :]
+    return scaled
 
 
 @triton.jit
 def _fp8_einsum_kernel(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, H, D, R,
                        stride_ab, stride_ah, stride_sab, stride_sah, stride_sar,
                        stride_sbh, stride_sbn, stride_sbr, stride_db, stride_dh,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, TMA: tl.constexpr,
-                       WS: tl.constexpr, PERSISTENT: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr):
     """``a_src`` / ``b_src``: the fp8 tensors (pointer loads), or with ``TMA`` descriptors over
     ``a`` as [H, B, R] (block [1, BLOCK_M, 128]) and ``b`` as [H, D, R] (block [1, BLOCK_N, 128]).
     One output tile per program (grid: row blocks, column blocks, groups), or with ``PERSISTENT``
@@ -65,17 +63,17 @@ def _fp8_einsum_kernel(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, H, D, R,
         for t in range(tl.program_id(0), tiles_mn * H, tl.num_programs(0)):
             _tile(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, D, R, stride_ab, stride_ah, stride_sab, stride_sah,
                   stride_sar, stride_sbh, stride_sbn, stride_sbr, stride_db, stride_dh, t % tiles_m,
-                  t % tiles_mn // tiles_m, t // tiles_mn, BLOCK_M, BLOCK_N, UNROLL, TMA, WS)
+                  t % tiles_mn // tiles_m, t // tiles_mn, BLOCK_M, BLOCK_N, TMA)
     else:
         _tile(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, D, R, stride_ab, stride_ah, stride_sab, stride_sah, stride_sar,
               stride_sbh, stride_sbn, stride_sbr, stride_db, stride_dh, tl.program_id(0), tl.program_id(1),
-              tl.program_id(2), BLOCK_M, BLOCK_N, UNROLL, TMA, WS)
+              tl.program_id(2), BLOCK_M, BLOCK_N, TMA)
 
 
 @triton.jit
 def _tile(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, D, R, stride_ab, stride_ah, stride_sab, stride_sah, stride_sar,
           stride_sbh, stride_sbn, stride_sbr, stride_db, stride_dh, pid_m, pid_n, h, BLOCK_M: tl.constexpr,
-          BLOCK_N: tl.constexpr, UNROLL: tl.constexpr, TMA: tl.constexpr, WS: tl.constexpr):
+          BLOCK_N: tl.constexpr, TMA: tl.constexpr):
     """Output tile (``pid_m``, ``pid_n``) of group ``h``."""
     m0 = pid_m * BLOCK_M
     n0 = pid_n * BLOCK_N
@@ -93,45 +91,10 @@ def _tile(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, D, R, stride_ab, stride_ah, s
     sa_rows = sa_ptr + h64 * stride_sah + rows.to(tl.int64) * stride_sab
     sb_base = sb_ptr + h64 * stride_sbh
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    # UNROLL=2: the previous pair's products and their scales, added while the next pair runs
-    p0 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    p1 = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    sa0 = tl.zeros((BLOCK_M,), tl.float32)
-    sa1 = tl.zeros((BLOCK_M,), tl.float32)
-    if BLOCK_N <= 128:
-        sb0 = 0.0
-        sb1 = 0.0
-    else:
-        sb0 = tl.zeros((BLOCK_N,), tl.float32)
-        sb1 = tl.zeros((BLOCK_N,), tl.float32)
-    steps = R // 128
-    for kb in tl.range(0, steps - steps % UNROLL, UNROLL, warp_specialize=WS):
+    for kb in range(0, R // 128):
         a, b, sa, sb = _operands(a_src, b_src, sa_rows, sb_base, a_rows, b_rows, row_ok, col_ok, cols, h, m0, n0, kb,
                                  stride_sar, stride_sbn, stride_sbr, BLOCK_M, BLOCK_N, TMA)
-        if UNROLL == 2:
-            # Triton keeps at most one product in flight across iterations: the pair's second,
-            # whose accumulator is the loop-carried p1 (zeroed by a multiply, which keeps it
-            # carried), runs on through the next iteration's loads. Scaling a product after the
-            # next one is issued makes ptxas serialize the wgmmas (C7514), so both are scaled late.
-            a1, b1, sa_next, sb_next = _operands(a_src, b_src, sa_rows, sb_base, a_rows, b_rows, row_ok, col_ok, cols,
-                                                 h, m0, n0, kb + 1, stride_sar, stride_sbn, stride_sbr, BLOCK_M,
-                                                 BLOCK_N, TMA)
-            acc += _scaled(p0, sa0, sb0, BLOCK_N)
-            p0 = tl.dot(a, tl.trans(b), p0 * 0.0)
-            acc += _scaled(p1, sa1, sb1, BLOCK_N)
-            p1 = tl.dot(a1, tl.trans(b1), p1 * 0.0)
-            sa0 = sa
-            sb0 = sb
-            sa1 = sa_next
-            sb1 = sb_next
-        else:
-            acc += _scaled(tl.dot(a, tl.trans(b)), sa, sb, BLOCK_N)
-    if UNROLL == 2:
-        acc += _scaled(p0, sa0, sb0, BLOCK_N) + _scaled(p1, sa1, sb1, BLOCK_N)
-        if steps % 2 == 1:     # the odd last step
-            a, b, sa, sb = _operands(a_src, b_src, sa_rows, sb_base, a_rows, b_rows, row_ok, col_ok, cols, h, m0, n0,
-                                     steps - 1, stride_sar, stride_sbn, stride_sbr, BLOCK_M, BLOCK_N, TMA)
-            acc += _scaled(tl.dot(a, tl.trans(b)), sa, sb, BLOCK_N)
+        acc += _scaled(tl.dot(a, tl.trans(b)), sa, sb, BLOCK_N)
     out = d_ptr + rows.to(tl.int64)[:, None] * stride_db + h64 * stride_dh + cols[None, :]
     tl.store(out, acc.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
@@ -166,8 +129,7 @@ def fp8_einsum(args):
     _fp8_einsum_kernel[grid](
         a_src, args.a_scale, b_src, args.b_scale, out, B, H, D, R, args.a.stride(0), args.a.stride(1),
         *args.a_scale.stride(), *args.b_scale.stride(), out.stride(0), out.stride(1),
-        BLOCK_M=BM, BLOCK_N=BN, UNROLL=tune.einsum_unroll, TMA=descs is not None,
-        WS=bool(descs is not None and tune.einsum_ws), PERSISTENT=bool(tune.einsum_persistent),
+        BLOCK_M=BM, BLOCK_N=BN, TMA=descs is not None, PERSISTENT=bool(tune.einsum_persistent),
         num_warps=tune.einsum_warps, num_stages=tune.einsum_stages,
     )
     return out

@@ -1,13 +1,10 @@
 """Triton op 2: sparse MQA decode that reads each selected cache row once per (token, head block),
 dequantizes it in registers and serves all heads of the block from it (online softmax, base 2).
 
-Grid (T x head blocks x column blocks, splits), the head blocks of one token adjacent (they read the
-same rows, which then come from L2). With ``BLOCK_V`` < 512 output columns per program, the 512 /
-BLOCK_V column programs of a head block are adjacent: each scores the full rows and accumulates only
-its columns (a smaller accumulator, so programs can share a multiprocessor). When the programs
-cannot fill the GPU, the combined index list (SWA segment, then extra segment) is split across
-programs and a second kernel merges the partial results by their log-sum-exp; the sink and the
-lonely-row rule are applied at the end.
+Grid (T x head blocks, splits), the head blocks of one token adjacent (they read the same rows,
+which then come from L2). When T x head blocks cannot fill the GPU, the combined index list (SWA
+segment, then extra segment) is split across programs and a second kernel merges the partial
+results by their log-sum-exp; the sink and the lonely-row rule are applied at the end.
 sparse_mla_prefill (sparse_mla_prefill.py) runs the same kernels with its own tile sizes.
 """
 from __future__ import annotations
@@ -29,56 +26,45 @@ LN2 = math.log(2.0)
 
 
 @triton.jit
-def _load_rows(cache_ptr, slots, valid, block_size, page_bytes, col0, LAYOUT: tl.constexpr, FNUZ: tl.constexpr,
-               BLOCK_K: tl.constexpr, WIDTH: tl.constexpr):
-    """Columns ``col0 .. col0 + WIDTH`` of the rows, ``[BLOCK_K, WIDTH]`` as bf16 (fp8 values unscaled for
-    Layout.FP8_PER_TENSOR); invalid rows are 0. ``col0`` is a multiple of ``WIDTH`` (a power of two).
+def _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT: tl.constexpr, FNUZ: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """Rows ``[BLOCK_K, 512]`` as bf16 (fp8 values unscaled for Layout.FP8_PER_TENSOR); invalid rows are 0.
 
-    MODEL1 rows are read as tiles of up to 64 columns: fp8 (columns 0-447) scaled by their UE8M0 byte
-    (one load per tile), or the bf16 RoPE part (columns 448-511, only ever the last tile); the
-    dequantized values are exact in bf16.
+    MODEL1 rows are read as 8 tiles of 64: tiles 0-6 are fp8 scaled by their UE8M0 byte (one load
+    per tile), tile 7 is the bf16 RoPE part; the dequantized values are exact in bf16.
     """
     ok = valid[:, None]
     if LAYOUT == 0:                        # Layout.DS_MLA
-        TILE: tl.constexpr = 64 if WIDTH >= 64 else WIDTH
         block = (slots // block_size).to(tl.int64)
         off = (slots % block_size).to(tl.int64)
         page = cache_ptr + block * page_bytes
-        tile = tl.arange(0, WIDTH // TILE)
-        col = tl.arange(0, TILE)
-        first = col0 + tile * TILE         # each tile's first column
-        nope = (first < 448)[None, :]
-        data = (page + off * 576 + col0)[:, None, None] + tile[None, :, None] * TILE + col[None, None, :]
-        raw = tl.load(data, mask=(ok & nope)[:, :, None], other=0)
+        tile = tl.arange(0, 8)
+        col = tl.arange(0, 64)
+        data = (page + off * 576)[:, None, None] + tile[None, :, None] * 64 + col[None, None, :]
+        nope = (tile < 7)[None, :, None]
+        raw = tl.load(data, mask=ok[:, :, None] & nope, other=0)
         fp8: tl.constexpr = tl.float8e4b8 if FNUZ else tl.float8e4nv
-        scale_byte = tl.load((page + block_size * 576 + off * 8)[:, None] + (first // 64)[None, :],
-                             mask=ok & nope, other=127)
+        scale_byte = tl.load((page + block_size * 576 + off * 8)[:, None] + tile[None, :],
+                             mask=ok & (tile < 7)[None, :], other=127)
         values = raw.to(fp8, bitcast=True).to(tl.float32) * ue8m0_decode(scale_byte)[:, :, None]
-        last = col0 + WIDTH - TILE
         rope_ptr = (page + off * 576 + 448).to(tl.pointer_type(tl.bfloat16))
-        rope = tl.load(rope_ptr[:, None] + (last - 448 + col)[None, :], mask=ok & (last >= 448), other=0.0)
-        rows = tl.where(nope[:, :, None], values, rope.to(tl.float32)[:, None, :])
-        return tl.reshape(rows, (BLOCK_K, WIDTH)).to(tl.bfloat16)
+        rope = tl.load(rope_ptr[:, None] + col[None, :], mask=ok, other=0.0).to(tl.float32)
+        rows = tl.where(nope, values, rope[:, None, :])
+        return tl.reshape(rows, (BLOCK_K, 512)).to(tl.bfloat16)
     else:
-        col = col0 + tl.arange(0, WIDTH)[None, :]
+        col = tl.arange(0, 512)[None, :]
         row = cache_ptr + slots.to(tl.int64)[:, None] * 512
         return tl.load(row + col, mask=ok, other=0.0).to(tl.bfloat16)
 
 
 @triton.jit
 def _attend_block(q, m, l, acc, t, idx_ptr, idx_s0, idx_s1, length, topk, cache_ptr, block_size, page_bytes, b,
-                  qk_scale, v0, LAYOUT: tl.constexpr, FNUZ: tl.constexpr, BLOCK_K: tl.constexpr,
-                  BLOCK_V: tl.constexpr):
-    """Online-softmax step over index block ``b`` of one segment; scores in base 2 over all 512
-    columns, ``acc`` [BLOCK_H, BLOCK_V] over output columns ``v0 .. v0 + BLOCK_V`` (their second read
-    comes from L1)."""
+                  qk_scale, LAYOUT: tl.constexpr, FNUZ: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Online-softmax step over index block ``b`` of one segment; scores in base 2."""
     j = b * BLOCK_K + tl.arange(0, BLOCK_K)
     slots = tl.load(idx_ptr + t * idx_s0 + j.to(tl.int64) * idx_s1, mask=j < topk, other=-1)
     valid = (slots != -1) & (j < length)
-    k = _load_rows(cache_ptr, slots, valid, block_size, page_bytes, 0, LAYOUT, FNUZ, BLOCK_K, 512)
-    v = k
-    if BLOCK_V < 512:
-        v = _load_rows(cache_ptr, slots, valid, block_size, page_bytes, v0, LAYOUT, FNUZ, BLOCK_K, BLOCK_V)
+    k = _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT, FNUZ, BLOCK_K)
     s = tl.dot(q, tl.trans(k)) * qk_scale
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -86,7 +72,7 @@ def _attend_block(q, m, l, acc, t, idx_ptr, idx_s0, idx_s1, length, topk, cache_
     alpha = tl.exp2(m - m_safe)
     p = tl.exp2(s - m_safe[:, None])
     l = l * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), v)
+    acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), k)
     return m_new, l, acc
 
 
@@ -105,13 +91,11 @@ def _decode_kernel(
     sink_ptr, sink_s, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, sm_scale, q_scale, kv_scale, blocks_per_split,
     HAS_LENS: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_X_LENS: tl.constexpr, HAS_SINK: tl.constexpr,
     LAYOUT: tl.constexpr, FNUZ: tl.constexpr, SPLIT: tl.constexpr, Q_SCALE_PTR: tl.constexpr,
-    KV_SCALE_PTR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    KV_SCALE_PTR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     head_blocks = tl.cdiv(H, BLOCK_H)
-    v_blocks: tl.constexpr = 512 // BLOCK_V
-    vb = tl.program_id(0) % v_blocks       # the column programs of one (token, head block) are adjacent
-    t = (tl.program_id(0) // v_blocks // head_blocks).to(tl.int64)
-    hb = tl.program_id(0) // v_blocks % head_blocks
+    t = (tl.program_id(0) // head_blocks).to(tl.int64)
+    hb = tl.program_id(0) % head_blocks
     split = tl.program_id(1)
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     live = heads < H
@@ -124,8 +108,7 @@ def _decode_kernel(
 
     m = tl.full((BLOCK_H,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_H,), tl.float32)
-    acc = tl.zeros((BLOCK_H, BLOCK_V), tl.float32)
-    v0 = vb * BLOCK_V
+    acc = tl.zeros((BLOCK_H, 512), tl.float32)
     n_main = tl.cdiv(topk, BLOCK_K)
     length = _segment_length(lens_ptr, lens_s, t, topk, HAS_LENS)
     x_length = _segment_length(x_lens_ptr, x_lens_s, t, x_topk, HAS_X_LENS)
@@ -136,53 +119,51 @@ def _decode_kernel(
         b = split * blocks_per_split + i
         if b < n_main:
             m, l, acc = _attend_block(q, m, l, acc, t, idx_ptr, idx_s0, idx_s1, length, topk, cache_ptr,
-                                      block_size, page_bytes, b, qk_scale, v0, LAYOUT, FNUZ, BLOCK_K, BLOCK_V)
+                                      block_size, page_bytes, b, qk_scale, LAYOUT, FNUZ, BLOCK_K)
         elif HAS_EXTRA:
             if b - n_main < tl.cdiv(x_topk, BLOCK_K):
                 m, l, acc = _attend_block(q, m, l, acc, t, x_idx_ptr, x_idx_s0, x_idx_s1, x_length, x_topk,
-                                          x_cache_ptr, x_block_size, x_page_bytes, b - n_main, qk_scale, v0,
-                                          LAYOUT, FNUZ, BLOCK_K, BLOCK_V)
+                                          x_cache_ptr, x_block_size, x_page_bytes, b - n_main, qk_scale, LAYOUT,
+                                          FNUZ, BLOCK_K)
 
     empty = l == 0.0
     o = acc / tl.where(empty, 1.0, l)[:, None]
     if LAYOUT == 2:                        # Layout.FP8_PER_TENSOR
         o = o * load_scalar(kv_scale, KV_SCALE_PTR)
     lse = tl.where(empty, float("-inf"), (m + tl.log2(tl.where(empty, 1.0, l))) * 0.6931471805599453)
-    vcol = v0 + tl.arange(0, BLOCK_V)
     if SPLIT:
         row = (t * H + heads) * tl.num_programs(1) + split
-        tl.store(part_o_ptr + row[:, None] * 512 + vcol[None, :], o, mask=live[:, None])
-        tl.store(part_lse_ptr + row, lse, mask=live & (vb == 0))
+        tl.store(part_o_ptr + row[:, None] * 512 + col[None, :], o, mask=live[:, None])
+        tl.store(part_lse_ptr + row, lse, mask=live)
     else:
-        _finish(o, lse, empty, heads, live, t, H, vcol, vb == 0, sink_ptr, sink_s, out_ptr, lse_ptr, HAS_SINK)
+        _finish(o, lse, empty, heads, live, t, H, sink_ptr, sink_s, out_ptr, lse_ptr, HAS_SINK)
 
 
 @triton.jit
-def _finish(o, lse, empty, heads, live, t, H, vcol, write_lse, sink_ptr, sink_s, out_ptr, lse_ptr,
-            HAS_SINK: tl.constexpr):
-    """Apply the sink (lse excludes it) and the lonely-row rule; write bf16 out (columns ``vcol``) and,
-    if ``write_lse`` (one column program of each head block), fp32 lse."""
+def _finish(o, lse, empty, heads, live, t, H, sink_ptr, sink_s, out_ptr, lse_ptr, HAS_SINK: tl.constexpr):
+    """Apply the sink (lse excludes it) and the lonely-row rule; write bf16 out and fp32 lse."""
     if HAS_SINK:
         sink = tl.load(sink_ptr + heads * sink_s, mask=live, other=float("-inf"))
         o = o / (1.0 + tl.exp(tl.where(empty, 0.0, sink - lse)))[:, None]
     o = tl.where(empty[:, None], 0.0, o)
-    tl.store(out_ptr + (t * H + heads)[:, None] * 512 + vcol[None, :], o.to(tl.bfloat16), mask=live[:, None])
-    tl.store(lse_ptr + t * H + heads, tl.where(empty, float("inf"), lse), mask=live & write_lse)
+    col = tl.arange(0, 512)
+    tl.store(out_ptr + (t * H + heads)[:, None] * 512 + col[None, :], o.to(tl.bfloat16), mask=live[:, None])
+    tl.store(lse_ptr + t * H + heads, tl.where(empty, float("inf"), lse), mask=live)
 
 
 @triton.jit
 def _combine_kernel(part_o_ptr, part_lse_ptr, sink_ptr, sink_s, out_ptr, lse_ptr, H, n_splits,
-                    HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_V: tl.constexpr):
+                    HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     live = heads < H
-    col = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    col = tl.arange(0, 512)
     m = tl.full((BLOCK_H,), float("-inf"), tl.float32)
     for s in range(n_splits):
         m = tl.maximum(m, tl.load(part_lse_ptr + (t * H + heads) * n_splits + s, mask=live, other=float("-inf")))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     total = tl.zeros((BLOCK_H,), tl.float32)
-    o = tl.zeros((BLOCK_H, BLOCK_V), tl.float32)
+    o = tl.zeros((BLOCK_H, 512), tl.float32)
     for s in range(n_splits):
         row = (t * H + heads) * n_splits + s
         w = tl.exp(tl.load(part_lse_ptr + row, mask=live, other=float("-inf")) - m_safe)
@@ -192,14 +173,13 @@ def _combine_kernel(part_o_ptr, part_lse_ptr, sink_ptr, sink_s, out_ptr, lse_ptr
     empty = total == 0.0
     o = o / tl.where(empty, 1.0, total)[:, None]
     lse = tl.where(empty, float("-inf"), m_safe + tl.log(tl.where(empty, 1.0, total)))
-    _finish(o, lse, empty, heads, live, t, H, col, tl.program_id(2) == 0, sink_ptr, sink_s, out_ptr, lse_ptr,
-            HAS_SINK)
+    _finish(o, lse, empty, heads, live, t, H, sink_ptr, sink_s, out_ptr, lse_ptr, HAS_SINK)
 
 
-def choose_splits(programs: int, index_blocks: int, device: torch.device, waves: int) -> int:
-    """Split the index list only when the ``programs`` (T x head blocks x column blocks) leave most
-    multiprocessors idle, aiming at ``waves`` programs per multiprocessor (one program fits per SM
-    at 64 heads x 512 columns: docs/perf)."""
+def choose_splits(T: int, head_blocks: int, index_blocks: int, device: torch.device, waves: int) -> int:
+    """Split the index list only when T x head blocks leaves most multiprocessors idle, aiming at
+    ``waves`` programs per multiprocessor (one program fits per SM at 64 heads: docs/perf)."""
+    programs = T * head_blocks
     sms = multiprocessors(device)
     if programs >= sms or index_blocks <= 1:
         return 1
@@ -208,15 +188,13 @@ def choose_splits(programs: int, index_blocks: int, device: torch.device, waves:
 
 def sparse_mla_decode(a):
     tune = tuning(platform(a.q.device))
-    return attend(a, tune.decode_block_h, tune.decode_block_k, tune.decode_block_v, tune.decode_warps,
-                  tune.decode_stages, tune.decode_waves, tune.decode_maxnreg)
+    return attend(a, tune.decode_block_h, tune.decode_block_k, tune.decode_warps, tune.decode_stages,
+                  tune.decode_waves)
 
 
-def attend(a, BLOCK_H: int, BLOCK_K: int, BLOCK_V: int, warps: int, stages: int, waves: int, maxnreg: int):
+def attend(a, BLOCK_H: int, BLOCK_K: int, warps: int, stages: int, waves: int):
     """Run the kernels on typed args ``a`` (sparse_mla_decode's or sparse_mla_prefill's, which are the
-    same) with the given tiles (``BLOCK_V`` output columns per program, a power of two up to 512) and
-    register cap per thread (``maxnreg``, NVIDIA only; 0: none); returns (out bf16 [T, H, 512], lse
-    fp32 [T, H] or None)."""
+    same) with the given tiles; returns (out bf16 [T, H, 512], lse fp32 [T, H] or None)."""
     T, H, _ = a.q.shape
     out = decode_output(a.q, a.out)
     lse = torch.empty(T, H, dtype=torch.float32, device=a.q.device)
@@ -230,8 +208,7 @@ def attend(a, BLOCK_H: int, BLOCK_K: int, BLOCK_V: int, warps: int, stages: int,
     x_page = layout.page_bytes(a.extra_block_size) if has_extra and layout.is_ds_mla else 0
     index_blocks = triton.cdiv(topk, BLOCK_K) + triton.cdiv(x_topk, BLOCK_K)
     head_blocks = triton.cdiv(H, BLOCK_H)
-    v_blocks = 512 // BLOCK_V
-    splits = choose_splits(T * head_blocks * v_blocks, index_blocks, a.q.device, waves)
+    splits = choose_splits(T, head_blocks, index_blocks, a.q.device, waves)
     per_split = triton.cdiv(index_blocks, splits)
     splits = triton.cdiv(index_blocks, per_split) if index_blocks else 1
     part_o = part_lse = out                     # unused placeholders when not splitting
@@ -244,8 +221,7 @@ def attend(a, BLOCK_H: int, BLOCK_K: int, BLOCK_V: int, warps: int, stages: int,
     lens, x_idx, x_lens = a.topk_lens, a.extra_indices, a.extra_topk_lens
     sink = a.attn_sink if a.attn_sink is not None else lse
     sink_s = a.attn_sink.stride(0) if a.attn_sink is not None else 0
-    cap = {"maxnreg": maxnreg} if maxnreg and platform(a.q.device).vendor == "cuda" else {}
-    _decode_kernel[(T * head_blocks * v_blocks, splits)](
+    _decode_kernel[(T * head_blocks, splits)](
         a.q, H, a.kv_cache, a.indices, *a.indices.stride(), _or(lens, dummy), _stride(lens), topk, a.block_size, page,
         a.extra_kv_cache if has_extra else a.kv_cache, _or(x_idx, dummy), *(x_idx.stride() if has_extra else (0, 0)),
         _or(x_lens, dummy), _stride(x_lens), x_topk, a.extra_block_size or 1, x_page,
@@ -253,12 +229,12 @@ def attend(a, BLOCK_H: int, BLOCK_K: int, BLOCK_V: int, warps: int, stages: int,
         HAS_LENS=lens is not None, HAS_EXTRA=has_extra, HAS_X_LENS=x_lens is not None,
         HAS_SINK=a.attn_sink is not None, LAYOUT=layout.kind, FNUZ=layout.fp8_flavour == "fnuz",
         SPLIT=splits > 1, Q_SCALE_PTR=qs_ptr, KV_SCALE_PTR=ks_ptr, BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K,
-        BLOCK_V=BLOCK_V, num_warps=warps, num_stages=stages, **cap,
+        num_warps=warps, num_stages=stages,
     )
     if splits > 1:
-        _combine_kernel[(T, head_blocks, v_blocks)](
+        _combine_kernel[(T, head_blocks)](
             part_o, part_lse, sink, sink_s, out, lse, H, splits,
-            HAS_SINK=a.attn_sink is not None, BLOCK_H=BLOCK_H, BLOCK_V=BLOCK_V, num_warps=warps,
+            HAS_SINK=a.attn_sink is not None, BLOCK_H=BLOCK_H, num_warps=warps,
         )
     return out, lse if a.need_lse else None
 

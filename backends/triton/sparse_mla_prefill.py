@@ -17,5 +17,5 @@ from .tuning import tuning
 
 def sparse_mla_prefill(a):
     tune = tuning(platform(a.q.device))
-    return attend(a, tune.prefill_block_h, tune.prefill_block_k, tune.prefill_block_v, tune.prefill_warps,
-                  tune.prefill_stages, tune.decode_waves, tune.prefill_maxnreg)
+    return attend(a, tune.prefill_block_h, tune.prefill_block_k, tune.prefill_warps, tune.prefill_stages,
+                  tune.decode_waves)

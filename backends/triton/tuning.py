@@ -18,15 +18,11 @@ from dsv4ops.platform import Platform
 class Tuning:
     decode_block_h: int = 32        # query heads per program (>= 16 for tl.dot)
     decode_block_k: int = 32        # cache rows per step
-    decode_block_v: int = 512       # output columns per program (< 512: 512 / this programs per head block)
-    decode_maxnreg: int = 0         # registers per thread, a ptxas cap on NVIDIA GPUs (0: none)
     decode_warps: int = 8
     decode_stages: int = 1
     decode_waves: int = 2           # split the index list until about this many programs per SM
     prefill_block_h: int = 32       # sparse_mla_prefill: query heads per program (>= 16 for tl.dot)
     prefill_block_k: int = 32       # sparse_mla_prefill: cache rows per step
-    prefill_block_v: int = 512      # sparse_mla_prefill: output columns per program
-    prefill_maxnreg: int = 0        # sparse_mla_prefill: registers per thread (NVIDIA; 0: no cap)
     prefill_warps: int = 8
     prefill_stages: int = 1
     logits_block_t: int = 64        # compressed tokens per program
@@ -40,9 +36,7 @@ class Tuning:
     einsum_block_n: int = 128
     einsum_warps: int = 4
     einsum_stages: int = 3
-    einsum_unroll: int = 1          # K steps per loop iteration (2: the second product runs into the next iteration)
     einsum_tma: int = 0             # 1: fp8 tiles through TMA descriptors where addresses and strides allow
-    einsum_ws: int = 0              # 1 (with einsum_tma): warp-specialized K loop
     einsum_persistent: int = 0      # > 0: this many programs per SM, each looping over output tiles
     topk_block: int = 2048
     topk_warps: int = 8
@@ -74,11 +68,14 @@ _TABLE = {
     # sparse_mla_prefill starts from the decode tiles (not yet swept: docs/perf/sweep_tunables.sh).
     # qnorm_rope_kv_insert: 4 heads per program on 2 warps (H100-sweep-topk-radix-insert.txt: T=128
     # H=64 / 128 8.1 / 14.3 us, 70% / 79% of copy bandwidth; one head per program 9.3 / 16.0 us).
+    # fp8_einsum: fp8 tiles through TMA descriptors (H100-sweep-einsum-variants.txt, B=1024 H=8 R=4096 D=1024:
+    # pointers 94.7 us, TMA 80.2 us; B=128 25.9 -> 23.3 us).
     # compress_kv_insert: C128 pooled over 32 positions per step (H100-sweep-compress.txt, 8192-token
     # prefill: 54.9 -> 48.0 us, 70% of copy bandwidth; one program per window: 313.6 us); C4 unchanged.
     ("cuda", "sm90"): Tuning(decode_block_h=64, decode_block_k=32, decode_warps=8, decode_waves=1,
                              prefill_block_h=64, prefill_block_k=32, prefill_warps=8, prefill_stages=1,
-                             einsum_block_m=64, einsum_block_n=128, einsum_stages=4, logits_block_t=128,
+                             einsum_block_m=64, einsum_block_n=128, einsum_stages=4, einsum_tma=1,
+                             logits_block_t=128,
                              mqa_block_q=2, mqa_block_s=128, mqa_chunk_s=2048, mqa_warps=8, mqa_stages=3,
                              topk_block=8192, topk_warps=16, topk_resident=16384, topk_min_piece=2048,
                              insert_heads=4, insert_warps=2, compress_chunk=32),
@@ -113,10 +110,6 @@ def _allowed(name: str, value: int, max_warps: int) -> str | None:
         return None if power_of_two and value <= max_warps else f"a power of two from 1 to {max_warps} here"
     if name.endswith(("_stages", "_waves")):
         return None if value >= 1 else "at least 1"
-    if name.endswith("_block_v"):
-        return None if power_of_two and 16 <= value <= 512 else "a power of two from 16 to 512 (output columns)"
-    if name.endswith("_maxnreg"):
-        return None if value == 0 or 32 <= value <= 255 else "0 (no cap) or from 32 to 255 registers"
     minimum = 16 if name in _DOT_OPERANDS else 1
     maximum = _MAXIMUM.get(name)
     if maximum is not None:
@@ -124,7 +117,7 @@ def _allowed(name: str, value: int, max_warps: int) -> str | None:
     return None if power_of_two and value >= minimum else f"a power of two, at least {minimum}"
 
 
-_CHOICES = {"einsum_unroll": (1, 2), "einsum_tma": (0, 1), "einsum_ws": (0, 1), "einsum_persistent": (0, 1, 2, 3, 4)}
+_CHOICES = {"einsum_tma": (0, 1), "einsum_persistent": (0, 1, 2, 3, 4)}
 _MAXIMUM = {"topk_resident": 32768}     # a resident top-k counts its output slots in 16-bit fields
 _DOT_OPERANDS = ("decode_block_h", "decode_block_k", "prefill_block_h", "prefill_block_k", "einsum_block_m",
                  "einsum_block_n", "mqa_block_s")
