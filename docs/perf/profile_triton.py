@@ -1,5 +1,7 @@
 """Run each Triton kernel at a production shape twice (warm-up, then the profiled launch), for
-``ncu`` (see docs/perf/profile.sh). Usage: python docs/perf/profile_triton.py"""
+``ncu`` (see docs/perf/profile.sh). Usage: [OPS=op,op] python docs/perf/profile_triton.py"""
+import os
+
 import torch
 
 import dsv4ops
@@ -14,7 +16,10 @@ CASES = [
     make_case("qnorm_rope_kv_insert", "full", T=128, H=64, layout="fp8_ds_mla", block_size=64, num_blocks=8),
 ]
 
+only = set(filter(None, os.environ.get("OPS", "").split(",")))
 for case in CASES:
+    if only and case.op not in only:
+        continue
     kwargs = case.build("cuda", seed=0)
     for _ in range(2):
         dsv4ops.dispatch(case.op, **kwargs, backend="triton")
