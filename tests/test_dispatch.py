@@ -354,16 +354,15 @@ def test_sm_major():
                                        ("decode_block_k=24", "power of two"), ("topk_warps=64", "1 to 32"),
                                        ("decode_stages=0", "at least 1"), ("nope=4", "bad entry"),
                                        ("topk_resident=65536", "from 1 to 32768"),
-                                       ("decode_block_h=", "bad entry"), ("einsum_tma=2", "einsum_tma=2 must be 0 or 1"),
-                                       ("einsum_persistent=5", "einsum_persistent=5 must be 0, 1, 2, 3 or 4")])
+                                       ("decode_block_h=", "bad entry"), ("einsum_tma=2", "einsum_tma=2 must be 0 or 1")])
 def test_bad_triton_tuning_is_config_error(env, value, why):
     from dsv4ops.backends.triton.tuning import tuning
     env(DSV4OPS_TRITON_TUNING=value)
     with pytest.raises(dsv4ops.ConfigError, match=why):
         tuning(dsv4ops.platform("cpu"))
-    env(DSV4OPS_TRITON_TUNING="decode_block_h=32,topk_warps=4,einsum_tma=1,einsum_persistent=2")
+    env(DSV4OPS_TRITON_TUNING="decode_block_h=32,topk_warps=4,einsum_tma=1")
     tune = tuning(dsv4ops.platform("cpu"))
-    assert (tune.decode_block_h, tune.einsum_tma, tune.einsum_persistent) == (32, 1, 2)
+    assert (tune.decode_block_h, tune.einsum_tma) == (32, 1)
 
 
 @pytest.mark.parametrize("vendor,arch,lanes,warps", [("cuda", "sm90", 32, 32), ("rocm", "gfx942", 64, 16),

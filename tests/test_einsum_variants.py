@@ -1,5 +1,5 @@
-"""The Triton fp8_einsum variants the tunables choose (pointer or TMA-descriptor loads, one tile per
-program or persistent programs), each against the reference: odd K-step counts,
+"""The Triton fp8_einsum loads the tunables choose (pointers or TMA descriptors), each against the
+reference: odd K-step counts,
 group-major and sliced activations, batches that do not fill a row block, outputs narrower than a
 column block; and the TMA variant falling back to pointer loads where descriptors cannot address
 the operands."""
@@ -12,8 +12,7 @@ from dsv4ops.conformance.cases import make_case
 from dsv4ops.conformance.inputs import quantize_blocks
 
 TRITON = any(b.name == "triton" and b.available for b in dsv4ops.backends())
-TUNABLES = ["einsum_tma=0", "einsum_tma=1", "einsum_tma=1,einsum_block_m=32,einsum_block_n=256", "einsum_block_n=64",
-            "einsum_persistent=1", "einsum_tma=1,einsum_persistent=2"]
+TUNABLES = ["einsum_tma=0", "einsum_tma=1", "einsum_tma=1,einsum_block_m=32,einsum_block_n=256", "einsum_block_n=64"]
 CASES = [dict(B=5, H=2, D=128, R=384),                              # 3 K steps
          dict(B=19, H=3, D=256, R=640, group_major=True, out=True),   # [H, B, R] transposed, 5 K steps
          dict(B=4, H=1, D=384, R=256, out_dtype=torch.float32),       # D = 1.5 column blocks of 256

@@ -3,8 +3,7 @@ and 128x128 weight scales applied per 128-wide K step (fp32 accumulation). ``a``
 strides) and both scale tensors (all strides) are read through their strides.
 
 With ``einsum_tma`` the fp8 tiles are loaded through host-built tensor descriptors (TMA on Hopper)
-when the operands' addresses and strides allow it, pointer loads otherwise; with
-``einsum_persistent=k`` k programs per SM loop over the output tiles."""
+when the operands' addresses and strides allow it, pointer loads otherwise."""
 from __future__ import annotations
 
 import torch
@@ -12,7 +11,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from dsv4ops.platform import multiprocessors, platform
+from dsv4ops.platform import platform
 
 from .tuning import tuning
 
@@ -49,34 +48,17 @@ def _scaled(p, sa, sb, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _fp8_einsum_kernel(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, H, D, R,
+def _fp8_einsum_kernel(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, D, R,
                        stride_ab, stride_ah, stride_sab, stride_sah, stride_sar,
                        stride_sbh, stride_sbn, stride_sbr, stride_db, stride_dh,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr):
-    """``a_src`` / ``b_src``: the fp8 tensors (pointer loads), or with ``TMA`` descriptors over
-    ``a`` as [H, B, R] (block [1, BLOCK_M, 128]) and ``b`` as [H, D, R] (block [1, BLOCK_N, 128]).
-    One output tile per program (grid: row blocks, column blocks, groups), or with ``PERSISTENT``
-    each program takes every num_programs-th tile in that order."""
-    if PERSISTENT:
-        tiles_m = tl.cdiv(Bn, BLOCK_M)
-        tiles_mn = tiles_m * tl.cdiv(D, BLOCK_N)
-        for t in range(tl.program_id(0), tiles_mn * H, tl.num_programs(0)):
-            _tile(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, D, R, stride_ab, stride_ah, stride_sab, stride_sah,
-                  stride_sar, stride_sbh, stride_sbn, stride_sbr, stride_db, stride_dh, t % tiles_m,
-                  t % tiles_mn // tiles_m, t // tiles_mn, BLOCK_M, BLOCK_N, TMA)
-    else:
-        _tile(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, D, R, stride_ab, stride_ah, stride_sab, stride_sah, stride_sar,
-              stride_sbh, stride_sbn, stride_sbr, stride_db, stride_dh, tl.program_id(0), tl.program_id(1),
-              tl.program_id(2), BLOCK_M, BLOCK_N, TMA)
-
-
-@triton.jit
-def _tile(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, D, R, stride_ab, stride_ah, stride_sab, stride_sah, stride_sar,
-          stride_sbh, stride_sbn, stride_sbr, stride_db, stride_dh, pid_m, pid_n, h, BLOCK_M: tl.constexpr,
-          BLOCK_N: tl.constexpr, TMA: tl.constexpr):
-    """Output tile (``pid_m``, ``pid_n``) of group ``h``."""
-    m0 = pid_m * BLOCK_M
-    n0 = pid_n * BLOCK_N
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """Output tile (row block, column block) of group ``h`` per program (grid: row blocks, column
+    blocks, groups). ``a_src`` / ``b_src``: the fp8 tensors (pointer loads), or with ``TMA``
+    descriptors over ``a`` as [H, B, R] (block [1, BLOCK_M, 128]) and ``b`` as [H, D, R] (block
+    [1, BLOCK_N, 128])."""
+    h = tl.program_id(2)
+    m0 = tl.program_id(0) * BLOCK_M
+    n0 = tl.program_id(1) * BLOCK_N
     rows = m0 + tl.arange(0, BLOCK_M)
     cols = n0 + tl.arange(0, BLOCK_N)
     row_ok = rows < Bn
@@ -124,12 +106,10 @@ def fp8_einsum(args):
     descs = _descriptors(args.a, args.b, BM, BN) if tune.einsum_tma else None
     a_src, b_src = descs or (args.a, args.b)
     grid = (triton.cdiv(B, BM), triton.cdiv(D, BN), H)
-    if tune.einsum_persistent:
-        grid = (min(grid[0] * grid[1] * H, tune.einsum_persistent * multiprocessors(args.a.device)),)
     _fp8_einsum_kernel[grid](
-        a_src, args.a_scale, b_src, args.b_scale, out, B, H, D, R, args.a.stride(0), args.a.stride(1),
+        a_src, args.a_scale, b_src, args.b_scale, out, B, D, R, args.a.stride(0), args.a.stride(1),
         *args.a_scale.stride(), *args.b_scale.stride(), out.stride(0), out.stride(1),
-        BLOCK_M=BM, BLOCK_N=BN, TMA=descs is not None, PERSISTENT=bool(tune.einsum_persistent),
+        BLOCK_M=BM, BLOCK_N=BN, TMA=descs is not None,
         num_warps=tune.einsum_warps, num_stages=tune.einsum_stages,
     )
     return out

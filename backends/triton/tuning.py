@@ -37,7 +37,6 @@ class Tuning:
     einsum_warps: int = 4
     einsum_stages: int = 3
     einsum_tma: int = 0             # 1: fp8 tiles through TMA descriptors where addresses and strides allow
-    einsum_persistent: int = 0      # > 0: this many programs per SM, each looping over output tiles
     topk_block: int = 2048
     topk_warps: int = 8
     topk_resident: int = 32768      # the most positions a program selects from in registers
@@ -117,7 +116,7 @@ def _allowed(name: str, value: int, max_warps: int) -> str | None:
     return None if power_of_two and value >= minimum else f"a power of two, at least {minimum}"
 
 
-_CHOICES = {"einsum_tma": (0, 1), "einsum_persistent": (0, 1, 2, 3, 4)}
+_CHOICES = {"einsum_tma": (0, 1)}
 _MAXIMUM = {"topk_resident": 32768}     # a resident top-k counts its output slots in 16-bit fields
 _DOT_OPERANDS = ("decode_block_h", "decode_block_k", "prefill_block_h", "prefill_block_k", "einsum_block_m",
                  "einsum_block_n", "mqa_block_s")

@@ -16,14 +16,12 @@ want einsum && for c in einsum_block_m=64,einsum_block_n=128,einsum_warps=4,eins
          einsum_block_m=128,einsum_block_n=256,einsum_warps=8,einsum_stages=3 \
          einsum_block_m=64,einsum_block_n=256,einsum_warps=8,einsum_stages=3 \
          einsum_block_m=64,einsum_block_n=128,einsum_warps=4,einsum_stages=3; do run fp8_einsum $c; done
-# fp8_einsum loads and scheduling (B=1024 H=8 R=4096 D=1024 among the production cases): pointer loads, TMA
-# descriptors (the sm90 default since session 6), persistent programs; 64 x 128 tiles, 4 warps unless named.
-# Session 6 also measured two K steps per iteration and a warp-specialized K loop: both slower, removed
-# (H100-sweep-einsum-variants.txt).
+# fp8_einsum loads (B=1024 H=8 R=4096 D=1024 among the production cases): pointer loads or TMA descriptors (the sm90
+# default since session 6); 64 x 128 tiles, 4 warps unless named. Session 6 also measured two K steps per
+# iteration, a warp-specialized K loop and persistent programs: none faster, removed (H100-sweep-einsum-variants.txt,
+# H100-sweep-einsum-tma.txt).
 want einsum-variants && for c in einsum_tma=0 einsum_tma=1 einsum_tma=1,einsum_stages=3 einsum_tma=1,einsum_stages=5 \
-         einsum_tma=1,einsum_persistent=1 einsum_tma=1,einsum_persistent=2 einsum_tma=1,einsum_persistent=3 \
-         einsum_tma=1,einsum_persistent=2,einsum_stages=3 einsum_tma=1,einsum_block_m=128,einsum_warps=8 \
-         einsum_tma=1,einsum_block_m=128,einsum_warps=8,einsum_persistent=1; do run fp8_einsum $c; done
+         einsum_tma=1,einsum_block_m=128,einsum_warps=8; do run fp8_einsum $c; done
 # top-k: the longest resident piece (rows split to fill the GPU)
 want topk && for res in 16384 8192 4096; do run indexer_topk topk_resident=$res,topk_min_piece=2048; done
 want topk-warps && for kpt in 16 32 64; do run indexer_topk topk_keys_per_thread=$kpt; done
