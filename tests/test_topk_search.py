@@ -1,14 +1,32 @@
 """The Triton top-k's resident search (``_kth_largest``) on whole rows held by one program, for logit
 distributions that stress an interpolated search: heavy tails spanning many binades, bf16-rounded
 values (long runs of equal keys), few distinct values, ``-inf`` padding, and ``k`` equal to the
-number of valid columns. Each against the reference through the conformance comparison."""
+number of valid columns: through the op against the reference (conformance comparison), and the
+search alone against the property its threshold must have."""
+import numpy as np
 import pytest
+import torch
 
 import dsv4ops
 from dsv4ops.conformance import run_case
 from dsv4ops.conformance.cases import make_case
 
 TRITON = any(b.name == "triton" and b.available for b in dsv4ops.backends())
+
+if TRITON:
+    import triton
+    import triton.language as tl
+
+    from dsv4ops.backends.triton.indexer_topk import _kth_largest
+
+    @triton.jit
+    def _search(keys_ptr, k_ptr, out_ptr, BLOCK: tl.constexpr):
+        """Row r of ``keys`` int64 [R, BLOCK] (uint32 keys, 0 dead) -> out[r] = (threshold, want)."""
+        row = tl.program_id(0)
+        key = tl.load(keys_ptr + row * BLOCK + tl.arange(0, BLOCK)).to(tl.uint32)
+        threshold, want = _kth_largest(key, tl.load(k_ptr + row))
+        tl.store(out_ptr + row * 2, threshold.to(tl.int64))
+        tl.store(out_ptr + row * 2 + 1, want.to(tl.int64))
 
 
 @pytest.mark.skipif(not TRITON, reason="the Triton backend is not available here")
@@ -21,3 +39,42 @@ def test_resident_rows_match_the_reference(env, data, W, k):
     case = make_case("indexer_topk", R=3, W=W, k=k, mode="ranges", data=data, corner="empty")
     result = run_case(case, "triton", "cpu", seed=5)
     assert result.status == "pass", f"{result.message}\nrerun: {result.reproducer()}"
+
+
+def _sort_keys(x: np.ndarray) -> np.ndarray:
+    """float32 -> the kernel's order-preserving uint32 keys (as int64), raised to >= 1 (0: dead)."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.int64)
+    return np.maximum(np.where(bits >> 31, bits ^ 0xFFFFFFFF, bits | 0x80000000), 1)
+
+
+ROWS = {"normal": lambda g, n: g.standard_normal(n),
+        "heavy_tail": lambda g, n: g.lognormal(0, 3, n),
+        "few_values": lambda g, n: g.integers(0, 6, n).astype(np.float64),
+        "bf16": lambda g, n: (g.standard_normal(n).astype(np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32),
+        "relu": lambda g, n: np.maximum(g.standard_normal(n), 0),
+        "one_value": lambda g, n: np.full(n, 3.0)}
+
+
+@pytest.mark.skipif(not TRITON, reason="the Triton backend is not available here")
+@pytest.mark.parametrize("rows", list(ROWS))
+def test_search_returns_a_threshold_that_selects_exactly_k(rows):
+    """``_kth_largest`` on its own, many rows: ``count(key >= t) >= want`` and either exactly
+    ``want`` keys are at or above ``t`` or ``t`` is the want-th largest key (dead keys, 0, never
+    count; ``want`` = min(k, live keys))."""
+    gen = np.random.default_rng(1)
+    block, n_rows = 256, 32
+    keys = np.stack([_sort_keys(ROWS[rows](gen, block)) for _ in range(n_rows)])
+    keys[gen.random(keys.shape) < 0.2] = 0                                   # dead positions
+    ks = gen.choice([1, 7, 64, 200, 255, 256, 300], n_rows)
+    out = torch.empty(n_rows, 2, dtype=torch.int64)
+    _search[(n_rows,)](torch.from_numpy(keys), torch.from_numpy(ks.astype(np.int32)), out, BLOCK=block)
+    for i, (threshold, want) in enumerate(out.tolist()):
+        live = keys[i][keys[i] > 0]
+        assert want == min(ks[i], len(live))
+        if want == 0:
+            assert threshold == 0xFFFFFFFF
+            continue
+        at_or_above = int((live >= threshold).sum())
+        kth = np.sort(live)[::-1][want - 1]
+        assert at_or_above == want or threshold == kth, (i, at_or_above, want, threshold, kth)
+        assert at_or_above >= want

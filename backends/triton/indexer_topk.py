@@ -95,13 +95,15 @@ def _kth_largest(key, k):
     (all ones when ``want`` is 0).
 
     A bracketed search: ``lo`` is a live key with at least ``want`` keys at or above it, ``hi`` a
-    bound with fewer. Each step counts the keys at or above a trial point (one block reduction, which
-    also returns the nearest live keys on either side of it, so both ends move onto live keys) and
-    keeps the half of the bracket that holds the answer. The trial is interpolated from the two ends'
-    counts (false position, Illinois-weighted), then clamped so that the bracket at least halves
-    against a budget that starts at 2^33: never more than 33 steps, about 5-14 on logit-like rows
-    against 32 for a bit-by-bit bisection. It ends when ``lo`` has exactly ``want`` keys at or above
-    it or the bracket holds one key value.
+    bound with fewer. Each step counts the keys at or above a trial point (one block reduction) and
+    moves one end onto it. The trial is interpolated from the two ends' counts (false position), then
+    clamped so that the bracket at least halves against a budget that starts at 2^33: never more than
+    33 steps. When the same end has moved twice in a row (the interpolation stalls, as on runs of
+    equal keys), the next step's reduction also returns the nearest live keys on either side of the
+    trial point, so that end lands on a live key (and the other end's weight halves, Illinois-style):
+    a bracket holding one key value then ends the search. About 5-15 steps on logit-like rows,
+    bf16-rounded or with few distinct values included, against 32 for a bit-by-bit bisection. It ends
+    when ``lo`` has exactly ``want`` keys at or above it or the bracket holds one key value.
     """
     live = key > 0
     live_count, lo, hi = tl.reduce((live.to(tl.int32), tl.where(live, key, 0xFFFFFFFF), key), 0,
@@ -113,23 +115,31 @@ def _kth_largest(key, k):
     excess_hi = -want.to(tl.float32)                                          # count(>= hi) - want
     budget = tl.full((), 1 << 33, tl.int64)
     kept = 0                                     # end moved by the last step: 1 lo, -1 hi
+    stalled = False                              # the last two steps moved the same end
     while (want > 0) & (hi - lo > 1) & (excess_lo != 0):
         budget = budget // 2
         step = ((hi - lo).to(tl.float32) * (excess_lo / (excess_lo - excess_hi))).to(tl.int64)
         trial = tl.minimum(tl.maximum(lo + step, tl.maximum(lo + 1, hi - budget)), tl.minimum(hi - 1, lo + budget))
         at_or_above = key >= trial.to(tl.uint32)           # trial >= 2: dead keys never count
-        count, up, down = tl.reduce((at_or_above.to(tl.int32), tl.where(at_or_above, key, 0xFFFFFFFF),
-                                     tl.where(at_or_above, 0, key)), 0, _count_and_neighbours)
+        if stalled:                              # also the nearest live keys: no key in [trial, up) or (down, trial)
+            count, up, down = tl.reduce((at_or_above.to(tl.int32), tl.where(at_or_above, key, 0xFFFFFFFF),
+                                         tl.where(at_or_above, 0, key)), 0, _count_and_neighbours)
+        else:
+            count = tl.sum(at_or_above.to(tl.int32), axis=0)
+            up = trial.to(tl.uint32)
+            down = (trial - 1).to(tl.uint32)
         excess = (count - want).to(tl.float32)
-        if excess >= 0:                          # no live key in [trial, up): count(>= up) = count
+        if excess >= 0:                          # count(>= up) = count
             lo = up.to(tl.int64)
             excess_lo = excess
-            excess_hi = tl.where(kept == 1, excess_hi * 0.5, excess_hi)
+            stalled = kept == 1
+            excess_hi = tl.where(stalled, excess_hi * 0.5, excess_hi)
             kept = 1
-        else:                                    # none in (down, trial): count(>= down + 1) = count
+        else:                                    # count(>= down + 1) = count
             hi = down.to(tl.int64) + 1
             excess_hi = excess
-            excess_lo = tl.where(kept == -1, excess_lo * 0.5, excess_lo)
+            stalled = kept == -1
+            excess_lo = tl.where(stalled, excess_lo * 0.5, excess_lo)
             kept = -1
     return tl.where(want > 0, lo, 0xFFFFFFFF).to(tl.uint32), want
 
