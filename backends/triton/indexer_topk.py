@@ -51,22 +51,14 @@ def _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, 
 
 
 @triton.jit
-def _columns(cand_row, p, hi, GATHER: tl.constexpr):
-    """The columns at positions ``p``: the positions themselves, or, when gathering, the candidate
-    columns stored at ``cand_row[p]`` (-1 past ``hi``)."""
-    if GATHER:
-        return tl.load(cand_row + p, mask=p < hi, other=-1)
-    return p
-
-
-@triton.jit
 def _candidates(src, stride_c, cand_row, p, lo, hi, GATHER: tl.constexpr):
     """Columns and keys at positions ``p``: the positions themselves (valid in [lo, hi)), or, when
     gathering, the candidate columns stored at ``cand_row[p]`` (valid when >= 0)."""
-    col = _columns(cand_row, p, hi, GATHER)
     if GATHER:
+        col = tl.load(cand_row + p, mask=p < hi, other=-1)
         live = col >= 0
     else:
+        col = p
         live = (p >= lo) & (p < hi)
     key = _sort_key(tl.load(src + col.to(tl.int64) * stride_c, mask=live, other=0.0))
     return col, live, key
@@ -165,10 +157,9 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
     dst = out_ptr + row * out_stride + part * k
 
     if RESIDENT:                                 # hi - lo <= BLOCK: one load, selection in registers
-        _, live, key = _candidates(src, stride_c, cand_row, lo + tl.arange(0, BLOCK), lo, hi, GATHER)
+        col, live, key = _candidates(src, stride_c, cand_row, lo + tl.arange(0, BLOCK), lo, hi, GATHER)
         key = tl.where(live, tl.maximum(key, 1), 0)     # 0: dead (keys 0 and 1 are both -NaN)
         threshold, want = _kth_largest(key, k)
-        col = _columns(cand_row, lo + tl.arange(0, BLOCK), hi, GATHER)    # again: fewer registers held
         above = key > threshold
         tie = key == threshold
         # One scan for both slot sequences: above in the low 16 bits, ties in the high (BLOCK <= 32768).
