@@ -7,18 +7,17 @@
 Importing this package imports no vendor library and no Triton; backends load on first use.
 """
 from . import formats
-from .formats import Layout
-from .selection import Decision, decide
 from .errors import ConfigError, Dsv4opsError, InputError, UnsupportedError, VerificationError
-from .ops import inv_rope_fp8_quant
-from .ops import compress_kv_insert
-from .ops import OP_NAMES, OPS, fp8_einsum, indexer_topk, paged_mqa_logits, qnorm_rope_kv_insert, sparse_mla_decode
-from .ops import sparse_mla_prefill
-from .ops import mqa_logits
+from .formats import Layout
+from .ops import OP_NAMES, OPS
 from .platform import Platform, platform, simulate_platform
 from .prepared import PreparedOp, prepare
 from .registry import Backend, BackendInfo
-from . import backends, reference   # backends() lists them; backends.<vendor> are packages
+from .selection import Decision, decide
+from . import backends, reference   # backends() lists them; backends.<vendor> are their packages
+
+# dsv4ops.<op>: each op's public function (its signature and docstring come from its spec)
+globals().update({name: op.function for name, op in OPS.items()})
 
 __version__ = "0.1.0"
 
@@ -41,10 +40,7 @@ def explain(op_name: str, *args, backend: str | None = None, **kwargs) -> Decisi
 
 
 __all__ = [
-    "inv_rope_fp8_quant",
-    "compress_kv_insert",
-    "qnorm_rope_kv_insert", "sparse_mla_decode", "paged_mqa_logits", "fp8_einsum", "indexer_topk",
-    "sparse_mla_prefill", "mqa_logits",
+    *OP_NAMES,
     "dispatch", "explain", "prepare", "PreparedOp", "backends", "platform", "simulate_platform", "formats", "reference",
     "Decision", "Platform", "Layout", "Backend", "BackendInfo", "OP_NAMES",
     "Dsv4opsError", "InputError", "UnsupportedError", "ConfigError", "VerificationError",

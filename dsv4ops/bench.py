@@ -5,7 +5,7 @@ Per case: the inputs are checked against the reference with the conformance rule
 L2) are called back to back inside one CUDA graph, and ``triton.testing.do_bench`` takes the
 median of its replays (CUDA events); the time per call is that over ``R``. A backend whose call
 cannot be captured is timed eagerly and marked so. Each result carries the byte and flop model
-of ``COST`` (below), the achieved GB/s and TFLOP/s, their fractions of the device's copy bandwidth
+of the op's spec (``bench.cost``), the achieved GB/s and TFLOP/s, their fractions of the device's copy bandwidth
 and matrix rate (measured in the same run), and the ratio to the fastest backend of the case.
 """
 from __future__ import annotations
@@ -20,11 +20,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from . import formats, ops, registry
+from . import ops, registry
 from .conformance.cases import Case, make_case
-from .conformance.compare import RULES
-from .conformance.runner import clone_kwargs, run_reference
-from .formats import Layout
+from .conformance.runner import run_reference
+from .cost import nbytes
+from .tensors import clone_kwargs
 from .platform import VENDORS
 from .selection import decide
 
@@ -33,37 +33,8 @@ from .selection import decide
 
 
 def production_cases() -> list[Case]:
-    c = lambda op, **kw: make_case(op, "full", **kw)
-    return [
-        c("qnorm_rope_kv_insert", T=128, H=64, layout="fp8_ds_mla", block_size=64, num_blocks=8),
-        c("qnorm_rope_kv_insert", T=128, H=128, layout="fp8_ds_mla", block_size=64, num_blocks=8),
-        c("sparse_mla_decode", T=8, H=64, topk=128, layout="fp8_ds_mla", extra_topk=128, extra_block_size=64,
-          lens="full"),
-        c("sparse_mla_decode", T=128, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64,
-          lens="full"),
-        c("sparse_mla_decode", T=128, H=128, topk=128, layout="fp8_ds_mla", extra_topk=1024, extra_block_size=64,
-          lens="full"),
-        c("sparse_mla_decode", T=512, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64,
-          lens="full"),
-        # prefill: 128 SWA rows + the C4 top-k over a 32K-row compressed cache (a 128K-token context)
-        c("sparse_mla_prefill", T=4096, H=128, topk=128, layout="fp8_ds_mla", extra_topk=1024, extra_block_size=64,
-          extra_slots=32768, lens="full"),
-        c("sparse_mla_prefill", T=4096, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64,
-          extra_slots=32768, lens="full"),
-        c("paged_mqa_logits", B=128, next_n=1, context=8192, H=64, block_size=64),
-        c("paged_mqa_logits", B=64, next_n=2, context=8192, H=64, block_size=64),
-        c("paged_mqa_logits", B=32, next_n=6, context=8192, H=64, block_size=64),        # vLLM's MTP width
-        c("fp8_einsum", B=128, H=8, D=1024, R=4096),
-        c("fp8_einsum", B=1024, H=8, D=1024, R=4096),
-        c("indexer_topk", R=128, W=32768, k=512, mode="decode2d"),
-        c("indexer_topk", R=128, W=32768, k=1024, mode="decode2d"),
-        c("mqa_logits", T=4096, S=32768, H=64, ranges="causal"),
-        c("inv_rope_fp8_quant", T=128, H=64, n_groups=8),
-        c("inv_rope_fp8_quant", T=4096, H=64, n_groups=8),
-        c("compress_kv_insert", layout="fp8_ds_mla", ratio=4, reqs=((0, 8192),), block_size=64),
-        c("compress_kv_insert", layout="fp8_ds_mla", ratio=128, reqs=((0, 8192),), block_size=2),
-        c("compress_kv_insert", layout="index_fp8", ratio=4, reqs=((0, 8192),), block_size=64),
-    ]
+    """Each op's production shapes (its spec's ``bench.production``)."""
+    return [make_case(op.name, "full", **p) for op in ops.OPS.values() for p in op.spec.bench.production]
 
 
 def step_cases(T: int = 64, H: int = 64, context: int = 4096) -> list[Case]:
@@ -84,18 +55,8 @@ def step_cases(T: int = 64, H: int = 64, context: int = 4096) -> list[Case]:
 
 
 def sweep_cases() -> list[Case]:
-    c = lambda op, **kw: make_case(op, "full", **kw)
-    out = [c("sparse_mla_decode", T=T, H=H, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64,
-             lens="full") for H in (16, 64, 128) for T in (1, 8, 32, 128, 512)]
-    out += [c("sparse_mla_prefill", T=T, H=H, topk=128, layout="fp8_ds_mla", extra_topk=1024 if H == 128 else 512,
-              extra_block_size=64, extra_slots=32768, lens="full") for H in (64, 128) for T in (512, 2048, 8192)]
-    out += [c("paged_mqa_logits", B=B, next_n=1, context=ctx, H=64, block_size=64)
-            for B in (8, 128) for ctx in (2048, 8192, 32768)]
-    out += [c("fp8_einsum", B=B, H=8, D=1024, R=4096) for B in (1, 32, 128, 512, 2048)]
-    out += [c("indexer_topk", R=R, W=W, k=512, mode="decode2d") for R in (4, 16, 64, 128) for W in (8192, 32768, 65536)]
-    out += [c("mqa_logits", T=T, S=S, H=64, ranges=r) for T, S in ((1024, 8192), (4096, 32768), (8192, 65536))
-            for r in ("causal", "requests")]
-    return out
+    """Each op's sweep shapes (its spec's ``bench.sweep``)."""
+    return [make_case(op.name, "full", **p) for op in ops.OPS.values() for p in op.spec.bench.sweep]
 
 
 SHAPE_SETS = {"production": production_cases, "sweep": sweep_cases, "step": step_cases}
@@ -106,68 +67,9 @@ def shape_cases(names: list[str]) -> list[Case]:
     return [case for name in names for case in SHAPE_SETS[name]()]
 
 
-def _nbytes(*tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
-
-
-def _selected(idx, lens):
-    valid = idx != -1
-    if lens is not None:
-        valid &= torch.arange(idx.shape[1], device=idx.device) < lens[:, None]
-    return int(valid.sum())
-
-
 def cost(op: str, kw: dict) -> tuple[int, int]:
-    """(bytes, flops) a kernel must move / do at least: each input read once, each output written once."""
-    if op == "sparse_mla_prefill":                  # compute-bound: every cache byte read once
-        T, H, D = kw["q"].shape
-        rows = _selected(kw["indices"], kw.get("topk_lens"))
-        if kw.get("extra_indices") is not None:
-            rows += _selected(kw["extra_indices"], kw.get("extra_topk_lens"))
-        return _nbytes(kw["kv_cache"], kw.get("extra_kv_cache")) + 2 * _nbytes(kw["q"]) + T * H * 4, 4 * rows * H * D
-    if op == "sparse_mla_decode":
-        rows = _selected(kw["indices"], kw.get("topk_lens"))
-        if kw.get("extra_indices") is not None:
-            rows += _selected(kw["extra_indices"], kw.get("extra_topk_lens"))
-        row_bytes = Layout.of(kw["layout"]).token_bytes
-        T, H, D = kw["q"].shape
-        return rows * row_bytes + 2 * _nbytes(kw["q"]) + T * H * 4, 4 * rows * H * D     # QK^T and PV
-    if op == "paged_mqa_logits":
-        B, n, H, D = kw["q"].shape
-        lens = kw["context_lens"].reshape(B, -1).amax(1).long()
-        keys = int(lens.sum()) * 132
-        return keys + _nbytes(kw["q"], kw["weights"]) + B * n * kw["max_context_len"] * 4, 2 * n * H * D * int(lens.sum())
-    if op == "fp8_einsum":
-        B, H, R = kw["a"].shape
-        D = kw["b"].shape[1]
-        out = B * H * D * (2 if kw["out_dtype"] == torch.bfloat16 else 4)
-        return _nbytes(kw["a"], kw["a_scale"], kw["b"], kw["b_scale"]) + out, 2 * B * H * D * R
-    if op == "mqa_logits":
-        (T, H, D), S = kw["q"].shape, kw["k"].shape[0]
-        pairs = int((kw["ke"].long() - kw["ks"].long()).sum())          # (row, key) scores in the ranges
-        written = T * S if kw["clean"] else pairs
-        return _nbytes(kw["q"], kw["k"], kw["k_scale"], kw["weights"], kw["ks"], kw["ke"]) + written * 4, 2 * pairs * H * D
-    if op == "indexer_topk":
-        R, W = kw["logits"].shape
-        return R * W * 4 + R * kw["k"] * 4, 0
-    if op == "inv_rope_fp8_quant":
-        T, H, D = kw["o"].shape
-        return T * H * D * 2 + _nbytes(kw["positions"]) + T * 64 * 4 + T * H * (D + D // 128 * 4), 0
-    if op == "compress_kv_insert":
-        n = kw["state_slot_mapping"].shape[0]
-        live = kw["state_slot_mapping"] >= 0
-        done = int((live & ((kw["positions"][:n] + 1) % kw["ratio"] == 0) & (kw["slot_mapping"] >= 0)).sum())
-        row = kw["state_cache"].shape[2] * 4                      # one state row: [kv, score] fp32
-        entry = Layout.of(kw["layout"], among=formats.COMPRESSED_LAYOUTS).token_bytes
-        # save: read kv + score, write the row; each entry reads c*ratio positions of a row's 1/c
-        return (int(live.sum()) * ((kw["kv"].element_size() + kw["score"].element_size()) * kw["kv"].shape[1] + row)
-                + done * (kw["ratio"] * row + entry)), 0
-    if op == "qnorm_rope_kv_insert":
-        T, H, D = kw["q"].shape
-        written = int((kw["slot_mapping"] >= 0).sum())
-        row_bytes = Layout.of(kw["layout"]).token_bytes
-        return 2 * _nbytes(kw["q"]) + _nbytes(kw["kv"], kw["positions"]) + written * (row_bytes + 64 * 4), 0
-    raise ValueError(op)
+    """(bytes, flops) a kernel must move / do at least (the op's spec's ``bench.cost``)."""
+    return ops.OPS[op].spec.bench.cost(kw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,7 +132,7 @@ class Timing:
 
 def _input_sets(case: Case, device, l2_bytes: int, budget: int) -> list[dict]:
     first = case.build(device, seed=0)
-    per_set = max(1, _nbytes(*first.values()))
+    per_set = max(1, nbytes(*first.values()))
     n = max(1, min(16, math.ceil(2 * l2_bytes / per_set), budget // per_set))
     return [first] + [case.build(device, seed=i) for i in range(1, n)]
 
@@ -258,8 +160,6 @@ def time_calls(fn, sets: list) -> tuple[float, str]:
 
 def bench(case_list: list[Case], backend_names: list[str], device, ceilings: Ceilings | None,
           progress=print) -> list[Timing]:
-    from . import reference
-
     l2 = torch.cuda.get_device_properties(device).L2_cache_size if torch.device(device).type == "cuda" else 1 << 20
     rows: list[Timing] = []
     for case in case_list:
@@ -279,10 +179,10 @@ def bench(case_list: list[Case], backend_names: list[str], device, ceilings: Cei
                 why = next((c.status for c in decision.candidates if c.backend == name), "not registered")
                 case_rows.append(Timing(case.op, case.id, name, note=f"skipped: {why}"))
                 continue
-            fn = decision.selected.fn
+            fn = decision.selected.bound(decision.platform)
             got_kwargs = clone_kwargs(sets[0])
             got = fn(op.validate_call(**got_kwargs).args)
-            verdict = RULES[case.op](case, ref_kwargs, ref, got_kwargs, got)
+            verdict = op.spec.conformance.compare(case.kwargs, ref_kwargs, ref, got_kwargs, got)
             if not verdict.ok:
                 case_rows.append(Timing(case.op, case.id, name, note=f"wrong result: {verdict.message}"))
                 continue
@@ -292,7 +192,7 @@ def bench(case_list: list[Case], backend_names: list[str], device, ceilings: Cei
                        tflops=flops / us / 1e6 if flops else None)
             if ceilings:
                 t.bandwidth_fraction = t.gbps / ceilings.copy_gbps
-                rate = ceilings.fp8_tflops if case.op in ("fp8_einsum", "paged_mqa_logits", "mqa_logits") else ceilings.bf16_tflops
+                rate = ceilings.fp8_tflops if op.spec.bench.matrix == "fp8" else ceilings.bf16_tflops
                 t.compute_fraction = t.tflops / rate if (t.tflops and rate) else None
             case_rows.append(t)
         timed = [t.us for t in case_rows if t.us]
@@ -321,19 +221,6 @@ def _line(t: Timing) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Dispatch overhead
-
-# One tiny case per op: `bench --tiny` (a smoke run, on the CPU too) and the overhead measurement.
-TINY = {
-    "qnorm_rope_kv_insert": dict(T=1, H=8, layout="fp8_ds_mla", block_size=64, num_blocks=1),
-    "sparse_mla_decode": dict(T=1, H=8, topk=64, layout="fp8_ds_mla", extra_topk=64, extra_block_size=64),
-    "sparse_mla_prefill": dict(T=4, H=16, topk=64, layout="fp8_ds_mla", extra_topk=64, extra_block_size=64),
-    "paged_mqa_logits": dict(B=1, next_n=1, context=64, H=64, block_size=64),
-    "fp8_einsum": dict(B=1, H=1, D=128, R=128),
-    "indexer_topk": dict(R=4, W=128, k=16, mode="decode2d"),
-    "mqa_logits": dict(T=4, S=64, H=64),
-    "inv_rope_fp8_quant": dict(T=1, H=8, n_groups=1),
-    "compress_kv_insert": dict(layout="fp8_ds_mla", ratio=4, reqs=((3, 1),), block_size=64),
-}
 
 def _best_of(fns, device, calls: int, rounds: int) -> list[float]:
     """Host µs per call of each of ``fns``, timed in alternation ``rounds`` times ``calls`` calls with
@@ -383,14 +270,15 @@ def dispatch_overhead(device, calls: int = 1000, rounds: int = 7, layer_rounds: 
     from .prepared import prepare
 
     result = {}
-    for op, params in TINY.items():
-        kw = make_case(op, "quick", **params).build(device, seed=0)
+    for op, spec in ((name, o.spec) for name, o in ops.OPS.items()):
+        kw = make_case(op, "quick", **spec.bench.tiny).build(device, seed=0)
         call = ops.OPS[op].validate_call(**kw)
-        impl = decide(call).selected
+        decision = decide(call)
+        impl, direct = decision.selected, decision.selected.bound(decision.platform)
         public = ops.OPS[op].function
         prepared = prepare(op, **kw)
         tensors = {k: v for k, v in kw.items() if isinstance(v, torch.Tensor)}    # what an engine passes per step
-        real = _best_of((lambda: public(**kw), lambda: prepared.run(**tensors), lambda: impl.fn(call.args)),
+        real = _best_of((lambda: public(**kw), lambda: prepared.run(**tensors), lambda: direct(call.args)),
                         device, calls, rounds)
         with _null_backend() as null:
             routed, direct = _best_of((lambda: public(**kw, backend=null), lambda: _nothing(call.args)),
@@ -461,7 +349,7 @@ def main(args) -> int:
     device = default_device()
     names = args.backends
     if args.tiny:
-        case_list = [make_case(op, "quick", **params) for op, params in TINY.items()]
+        case_list = [make_case(op.name, "quick", **op.spec.bench.tiny) for op in ops.OPS.values()]
     else:
         case_list = shape_cases(args.shapes)
     case_list = [c for c in case_list if c.op in args.ops]

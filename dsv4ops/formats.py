@@ -107,6 +107,13 @@ LAYOUTS = {layout.name: layout for layout in (
 INDEX_FP8 = Layout("index_fp8", Layout.INDEX_FP8, torch.uint8, torch.float8_e4m3fn, "ocp", INDEX_TOKEN_BYTES)
 # What the compressor writes: the C4 / C128 attention entries, or C4's indexer keys.
 COMPRESSED_LAYOUTS = {"fp8_ds_mla": LAYOUTS["fp8_ds_mla"], "index_fp8": INDEX_FP8}
+COMPRESSION_RATIOS = (4, 128)                   # C4 (overlapping windows) and C128 (docs/ops.md §9)
+
+
+def window_overlap(ratio: int) -> int:
+    """Compressor windows pooled per entry: 2 for C4 (each window also pools the previous ratio
+    tokens), else 1; the state rows and projections are ``window_overlap(ratio) * head_dim`` wide."""
+    return 2 if ratio == 4 else 1
 ALL_LAYOUTS = {**LAYOUTS, **COMPRESSED_LAYOUTS}
 
 

@@ -1,9 +1,11 @@
 """One declaration per op.
 
-An op module declares an ``OpSpec``: its arguments (name, type, default, keyword-only, mutated), its
-outputs, its checks and its fake (shape-only) outputs. ``define(spec)`` derives from it everything
-else: the typed argument tuple handed to implementations, the public function (a real Python
-signature, built the way ``dataclasses`` builds ``__init__``), validation, the dispatch key that
+An op module declares an ``OpSpec``: its arguments (name, type, default, keyword-only, written,
+doc), its outputs, its checks, its fake (shape-only) outputs, where its reference lives, its
+conformance data and its bench shapes. ``define(spec)`` derives from it everything else: the typed
+argument tuple handed to implementations, the public function (a real Python signature, built the
+way ``dataclasses`` builds ``__init__``, with the arguments documented), validation (including
+every overlap check between a written tensor and the other tensor arguments), the dispatch key that
 capability checks see, and the ``torch.library`` schema. Adding an argument is a one-place change.
 """
 from __future__ import annotations
@@ -12,7 +14,7 @@ import collections
 import inspect
 import keyword
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 
@@ -34,7 +36,10 @@ _SCHEMA_TYPES = {
 
 @dataclass(frozen=True)
 class Arg:
-    """One argument. ``mutated``: written in place (a cache, an ``out`` buffer)."""
+    """One argument. ``mutated``: written in place (a cache, an ``out`` buffer): validation refuses
+    it overlapping itself or any other tensor argument, except being the very same view as one named
+    in ``same_view_ok`` (an in-place form the contract allows). ``doc``: dtype, shape and meaning, as
+    ``help(dsv4ops.<op>)`` shows it."""
 
     name: str
     type: Any
@@ -42,6 +47,7 @@ class Arg:
     keyword_only: bool = False
     mutated: bool = False
     doc: str = ""
+    same_view_ok: tuple[str, ...] = ()
 
     @property
     def is_tensor(self) -> bool:
@@ -49,22 +55,71 @@ class Arg:
 
 
 @dataclass(frozen=True)
+class Conformance:
+    """What the conformance suite, verification, ``dsv4ops info`` and the error tests know of an op.
+
+    - ``inputs(device, gen, **params)``: keyword arguments of a call, fresh random values per
+      ``torch.Generator`` (never zeros), with the op's poisons (NaN rows nothing selects, ...).
+    - ``cases(tier)``: builder parameters of each case of tier ``"quick"`` (CPU-sized) or ``"full"``.
+    - ``typical``: builder parameters of a small V4-Flash TP1 call (what ``dsv4ops info`` explains).
+    - ``compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> tolerance.Verdict``:
+      the comparison rule (``params``: the case's builder parameters, ``{}`` under verification).
+    - ``strides``: tensor argument -> the layouts the contract accepts besides contiguous
+      (``"sliced"``, ``"transposed"``, ``"expanded"``; the first is the quick tier's);
+      ``stride_bases``: tier -> builder parameters the stride / alias family is generated on.
+    - ``error_base``: builder parameters of a valid call; ``errors``: ``(argument, change)`` pairs,
+      ``change(kwargs)`` making that call wrong in that argument (``sampling.set_args`` / ``change``).
+    """
+
+    inputs: Callable[..., dict]
+    cases: Callable[[str], Iterable[dict]]
+    typical: dict
+    compare: Callable[..., Any]
+    strides: dict[str, tuple[str, ...]]
+    stride_bases: dict[str, tuple[dict, ...]]
+    error_base: dict
+    errors: tuple[tuple[str, Callable[[dict], None]], ...]
+
+
+@dataclass(frozen=True)
+class BenchShapes:
+    """What ``dsv4ops bench`` knows of an op: ``cost(kwargs) -> (bytes, flops)`` a kernel must move /
+    do at least; ``tiny``: builder parameters of a smoke-sized call (``bench --tiny``, the overhead
+    measurement); ``production`` / ``sweep``: builder parameters of the shape sets of those names;
+    ``matrix``: the tensor-core rate its flops count against (``"fp8"`` or ``"bf16"``)."""
+
+    cost: Callable[[dict], tuple[int, int]]
+    tiny: dict
+    production: tuple[dict, ...]
+    sweep: tuple[dict, ...] = ()
+    matrix: str = "bf16"
+
+
+@dataclass(frozen=True)
 class OpSpec:
-    """An op: ``check(c, a)`` validates the typed args ``a`` with the ``Checker`` ``c`` (raising
-    ``InputError``) and returns them normalized (a layout name becomes its ``Layout``); ``fake(a)`` returns outputs of the right shape and dtype without computing.
+    """An op: ``section`` of docs/ops.md that is its contract; ``check(c, a)`` validates the typed
+    args ``a`` with the ``Checker`` ``c`` (raising ``InputError``) and returns them normalized (a
+    layout name becomes its ``Layout``); ``fake(a)`` returns outputs of the right shape and dtype
+    without computing; ``reference``: ``"module:function"`` of its PyTorch reference (typed args).
     ``outputs`` is the torch.library return type; ``out_variant_only`` marks ops whose result may
     alias an input (only their ``out=`` form exists as a torch op)."""
 
     name: str
+    section: int
     doc: str
     args: tuple[Arg, ...]
     outputs: str
-    check: Callable[[Checker, Any], None]
+    check: Callable[[Checker, Any], Any]
     fake: Callable[[Any], Any]
+    reference: str
+    conformance: Conformance
+    bench: BenchShapes
     out_variant_only: bool = False
 
-    def arg(self, name: str) -> Arg:
-        return next(a for a in self.args if a.name == name)
+    @property
+    def written(self) -> tuple[Arg, ...]:
+        """The tensor arguments the op writes (caches, ``out``)."""
+        return tuple(a for a in self.args if a.is_tensor and a.mutated)
 
 
 @dataclass(frozen=True)
@@ -145,13 +200,15 @@ class Op:
             "recent": selection.recent_structures(spec.name), "RECENT": selection.RECENT,
             "thread": thread_state, "Tensor": torch.Tensor, "layout_of": ALL_LAYOUTS,
             "new": tuple.__new__, **_absent_names(spec)}, with_backend=True)
-        self.function.__doc__ = spec.doc
+        self.function.__doc__ = _docstring(spec)
         self.function.__module__ = "dsv4ops"
 
     def validate(self, args) -> OpCall:
         """Check typed args (raises InputError naming the argument); the call to dispatch."""
         checker = Checker(self.name)
         args = self.spec.check(checker, args)
+        for arg in self.spec.written:
+            checker.disjoint(args, arg.name, same_ok=arg.same_view_ok)
         device = checker.device if checker.device is not None else torch.device("cpu")
         return OpCall(self.name, args, device, DispatchKey(self.name, args, device))
 
@@ -176,6 +233,17 @@ def define(spec: OpSpec) -> Op:
     op = Op(spec)
     registry.register_op(op)
     return op
+
+
+def _docstring(spec: OpSpec) -> str:
+    """The op's doc followed by one line per argument (what ``help(dsv4ops.<op>)`` shows)."""
+    lines = [inspect.cleandoc(spec.doc), "", "Args:"]
+    for a in spec.args:
+        written = " Written in place." if a.mutated else ""
+        lines.append(f"    {a.name}: {a.doc}{written}")
+    lines += ["    backend: run this backend (None: DSV4OPS_BACKEND, then priority).", "",
+              f"Contract: docs/ops.md §{spec.section}."]
+    return "\n".join(lines)
 
 
 def _camel(name: str) -> str:

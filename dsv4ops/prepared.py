@@ -26,7 +26,7 @@ class PreparedOp:
         self.decision = decision
         self.backend = decision.backend
         self.device = call.device
-        self._run = runner(decision.selected, call.device)
+        self._run = runner(decision.selected, call.device, decision.platform)
         self._args = call.args
         self._structure = op.structure(call.args)
 

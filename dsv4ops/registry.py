@@ -5,7 +5,9 @@ with ``Backend(...)`` and registers implementations with ``backend.implements(op
 a backend may register several implementations of one op (say, one per architecture), each with
 its own check, tried in registration order. Nothing here imports a vendor library: a backend's
 ``probe`` does that when first asked, and a ``target`` (``"module:function"``) is imported when
-its implementation is first chosen (one that cannot be imported declines). Implementations receive one argument: the op's typed args (``Op.Args``).
+its implementation is first chosen (one that cannot be imported declines). Implementations receive
+the op's typed args (``Op.Args``); a backend with a ``context`` (say, its tuning for the platform)
+has it computed once per decision and passed first: ``fn(context(platform), args)``.
 
 Plugins (out-of-tree entry points) cannot break or impersonate: in-tree backends load first; a
 plugin may not take an in-tree backend's name (``priorities.PRIORITY``) or a name already taken; a
@@ -15,6 +17,7 @@ measured preference that raises declines that implementation with the exception 
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import threading
@@ -42,6 +45,12 @@ class Implementation:
     priority: int
     supports: Check | None = None
     _fn: Callable | None = field(default=None, repr=False)
+
+    def bound(self, plat: Platform) -> Callable[[Any], Any]:
+        """What runs a call on ``plat``: ``fn`` taking the typed args, with the backend's context for
+        ``plat`` bound once (the decision's, not looked up per call)."""
+        context = self.backend.context
+        return self.fn if context is None else functools.partial(self.fn, context(plat))
 
     @property
     def fn(self) -> Callable:
@@ -76,12 +85,14 @@ class Implementation:
 
 @dataclass
 class Backend:
-    """A vendor backend. ``probe()`` returns None if its library is usable, else why not (cached)."""
+    """A vendor backend. ``probe()`` returns None if its library is usable, else why not (cached);
+    ``context(platform)``, if given, is what every implementation gets before the typed args."""
 
     name: str
     platforms: tuple[str, ...]
     probe: Callable[[], str | None] | None = None
     description: str = ""
+    context: Callable[[Platform], Any] | None = None
     implementations: dict[str, list[Implementation]] = field(default_factory=dict)
     _probed: tuple[bool, str | None] | None = field(default=None, repr=False)
 

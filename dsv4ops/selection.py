@@ -225,19 +225,19 @@ registry.on_change(clear_cache)
 settings.on_reload(clear_cache)
 
 
-def choose(call, backend: str | None) -> registry.Implementation:
-    """The implementation that runs ``call``; raises UnsupportedError when none can."""
+def choose(call, backend: str | None) -> Decision:
+    """The decision for ``call``; raises UnsupportedError when no implementation can serve it."""
     decision = decide(call, backend)
     if decision.selected is None:
         raise UnsupportedError(decision.error)
-    return decision.selected
+    return decision
 
 
-def runner(impl: registry.Implementation, device) -> Callable[[Any], Any]:
-    """``impl`` bound to the inputs' device (and sampled by ``DSV4OPS_VERIFY`` when it is on): what
-    a fast-table hit calls with the typed args."""
+def runner(impl: registry.Implementation, device, plat: Platform) -> Callable[[Any], Any]:
+    """``impl`` bound to ``plat`` and the inputs' device (and sampled by ``DSV4OPS_VERIFY`` when it
+    is on): what a fast-table hit calls with the typed args."""
     check = settings.current().verify
-    fn = impl.fn
+    fn = impl.bound(plat)
     if check.enabled:
         fn = verify.wrap(impl.op, fn, check.rate, check.action, backend=impl.backend.name, dump_dir=check.dump_dir)
     return bound_to(device, fn)
@@ -257,7 +257,8 @@ def dispatch(op, args, backend: str | None, key: tuple | None = None) -> Any:
         return op.spec.fake(call.args)
     cached = _decisions.get((op.name, key)) if key is not None else None
     if cached is None:
-        run = runner(choose(call, backend), call.device)
+        decision = choose(call, backend)
+        run = runner(decision.selected, call.device, decision.platform)
         if key is not None:
             fast = skips_validation(call.device)
             guard = tensor_guard.guard_for(op.guarded(args)) if fast else None

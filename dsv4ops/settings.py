@@ -12,8 +12,9 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+import tempfile
+
 from .errors import ConfigError
-from .verify import VerifyConfig, parse_verify
 
 VARIABLES = {
     "DSV4OPS_BACKEND": "backend choice: 'name', or 'op=a|b,*=c' (docs/api-changes.md)",
@@ -25,6 +26,48 @@ VARIABLES = {
 }
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+VERIFY_ACTIONS = ("log", "raise")
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """``rate``: the fraction of calls verified (0: off); ``action``: "log" or "raise" on a
+    mismatch; ``dump_dir``: where a mismatching call's inputs are saved."""
+
+    rate: float = 0.0
+    action: str = "log"
+    dump_dir: str = os.path.join(tempfile.gettempdir(), "dsv4ops-verify")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rate > 0
+
+
+def parse_verify(value: str) -> VerifyConfig:
+    """``"RATE[,log|raise][,dump=DIR]"`` -> VerifyConfig; ``""``, ``"0"`` or ``"off"``: off.
+
+    RATE is a fraction in (0, 1] (``1``: every call). ConfigError names what is wrong."""
+    items = [item.strip() for item in value.split(",")]
+    if items in ([""], ["0"], ["off"]):
+        return VerifyConfig()
+    try:
+        rate = float(items[0])
+    except ValueError:
+        rate = float("nan")
+    if not 0 < rate <= 1:                        # NaN fails too
+        raise ConfigError(f"DSV4OPS_VERIFY={value!r}: the rate {items[0]!r} must be a fraction in (0, 1] "
+                          f"(e.g. 0.01 for one call in 100), or 0/off")
+    action, dump_dir = None, VerifyConfig.dump_dir
+    for item in items[1:]:
+        name, eq, arg = item.partition("=")
+        if not eq and item in VERIFY_ACTIONS and action is None:
+            action = item
+        elif eq and name.strip() == "dump" and arg.strip():
+            dump_dir = arg.strip()
+        else:
+            raise ConfigError(f"DSV4OPS_VERIFY={value!r}: bad option {item!r}; expected 'RATE[,log|raise][,dump=DIR]' "
+                              f"(the action at most once)")
+    return VerifyConfig(rate, action or "log", dump_dir)
 
 
 @dataclass(frozen=True)

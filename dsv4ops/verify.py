@@ -1,9 +1,9 @@
 """``DSV4OPS_VERIFY``: re-run a sampled fraction of calls on the reference and compare (docs/verify.md).
 
-``parse_verify(value)`` reads the setting; ``wrap(op, impl, rate, action)`` returns ``impl`` with
+``settings.parse_verify(value)`` reads the setting; ``wrap(op, impl, rate, action)`` returns ``impl`` with
 every ``round(1 / rate)``-th call (the first included) verified: the tensors the op may write are
-copied before ``impl`` runs, the reference runs on the copies, and the op's conformance rule
-(``conformance/compare.py``) judges ``impl``'s result. A mismatch saves the call's inputs with
+copied before ``impl`` runs, the reference runs on the copies, and the op's comparison rule (its
+spec's ``conformance.compare``) judges ``impl``'s result. A mismatch saves the call's inputs with
 ``torch.save`` and is logged (logger ``dsv4ops.verify``) or raised as ``VerificationError``, by
 setting; ``replay(path)`` runs a saved call again. Calls under CUDA-graph capture or
 ``torch.compile`` tracing are never verified. Off, nothing is wrapped: it costs nothing.
@@ -13,63 +13,20 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import tempfile
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
+from . import registry
 from .errors import ConfigError, VerificationError
 from .formats import Layout
-# registry and the conformance rules are imported where used, so that settings.py can import
-# parse_verify without an import cycle.
+from .settings import VERIFY_ACTIONS, VerifyConfig
+from .tensors import clone_kwargs
 
 ENV = "DSV4OPS_VERIFY"
-ACTIONS = ("log", "raise")
 MAX_DUMPS = 3             # mismatching calls saved per (op, implementation): a dump holds every input
 log = logging.getLogger("dsv4ops.verify")
-
-
-@dataclass(frozen=True)
-class VerifyConfig:
-    """``rate``: the fraction of calls verified (0: off); ``action``: "log" or "raise" on a
-    mismatch; ``dump_dir``: where a mismatching call's inputs are saved."""
-
-    rate: float = 0.0
-    action: str = "log"
-    dump_dir: str = os.path.join(tempfile.gettempdir(), "dsv4ops-verify")
-
-    @property
-    def enabled(self) -> bool:
-        return self.rate > 0
-
-
-def parse_verify(value: str) -> VerifyConfig:
-    """``"RATE[,log|raise][,dump=DIR]"`` -> VerifyConfig; ``""``, ``"0"`` or ``"off"``: off.
-
-    RATE is a fraction in (0, 1] (``1``: every call). ConfigError names what is wrong."""
-    items = [item.strip() for item in value.split(",")]
-    if items in ([""], ["0"], ["off"]):
-        return VerifyConfig()
-    try:
-        rate = float(items[0])
-    except ValueError:
-        rate = float("nan")
-    if not 0 < rate <= 1:                        # NaN fails too
-        raise ConfigError(f"{ENV}={value!r}: the rate {items[0]!r} must be a fraction in (0, 1] "
-                          f"(e.g. 0.01 for one call in 100), or 0/off")
-    action, dump_dir = None, VerifyConfig.dump_dir
-    for item in items[1:]:
-        name, eq, arg = item.partition("=")
-        if not eq and item in ACTIONS and action is None:
-            action = item
-        elif eq and name.strip() == "dump" and arg.strip():
-            dump_dir = arg.strip()
-        else:
-            raise ConfigError(f"{ENV}={value!r}: bad option {item!r}; expected 'RATE[,log|raise][,dump=DIR]' "
-                              f"(the action at most once)")
-    return VerifyConfig(rate, action or "log", dump_dir)
 
 
 def wrap(op, impl: Callable[[Any], Any], rate: float, action: str = "log", *, backend: str | None = None,
@@ -78,8 +35,6 @@ def wrap(op, impl: Callable[[Any], Any], rate: float, action: str = "log", *, ba
     every ``round(1 / rate)``-th call, the first included, verified against the reference.
     ``impl`` itself when ``rate`` is 0, when ``impl`` is the reference, or when the op has no rule.
     Wrapping the same implementation again returns the same wrapper (the sampling continues)."""
-    from . import registry
-
     op = registry.get_op(op) if isinstance(op, str) else op
     key = (op.name, impl, rate, action, backend, dump_dir)
     if key not in _wrappers:                     # one sampling counter per (op, implementation, setting)
@@ -91,16 +46,10 @@ _wrappers: dict[tuple, Callable[[Any], Any]] = {}
 
 
 def _wrap(op, impl, rate, action, backend, dump_dir):
-    from . import registry
-    from .conformance.compare import RULES
-
-    if action not in ACTIONS:
-        raise ConfigError(f"{ENV}: action {action!r} must be one of {', '.join(ACTIONS)}")
+    if action not in VERIFY_ACTIONS:
+        raise ConfigError(f"{ENV}: action {action!r} must be one of {', '.join(VERIFY_ACTIONS)}")
     reference = registry.get_backend("reference").implementations[op.name][0].fn
     if rate <= 0 or impl is reference:
-        return impl
-    if op.name not in RULES:
-        log.warning("%s: %s has no comparison rule; its calls are not verified", ENV, op.name)
         return impl
     period = max(1, round(1 / rate))
     counter, dumps = itertools.count(), itertools.count()
@@ -132,14 +81,12 @@ def _copy(args, names):
 
 def _verify(op, impl, reference, args, written, label, action, dump_dir: str | None):
     """One verified call; a mismatch is saved to ``dump_dir`` (None: not saved)."""
-    from .conformance.compare import RULES
-
     before = _copy(args, written)                 # the written tensors as the caller passed them
     result = impl(args)
     try:
         ref_args = _copy(before, written)
         ref_result = reference(ref_args)
-        verdict = RULES[op.name](None, ref_args._asdict(), ref_result, args._asdict(), result)
+        verdict = op.spec.conformance.compare({}, ref_args._asdict(), ref_result, args._asdict(), result)
     except Exception as exc:                      # verifying must never break a call that succeeded
         log.warning("%s: could not verify %s on %s: %s: %s", ENV, op.name, label, type(exc).__name__, exc)
         return result
@@ -186,16 +133,13 @@ def replay(path: str, backend: str | None = None, device: str | None = None):
     """Run a call saved by a mismatch again: ``backend`` (default: the one recorded, if it is a
     backend name, else the priority choice) against the reference, on ``device`` (default: the
     recorded one). Returns the rule's Verdict."""
-    from . import registry
-    from .conformance.compare import RULES
-    from .conformance.runner import clone_kwargs, run_reference
-
     saved = torch.load(path, weights_only=True)
     device = device or saved["device"]
     kwargs = {n: v.to(device) if isinstance(v, torch.Tensor) else v for n, v in saved["kwargs"].items()}
     if backend is None and saved["backend"] in registry.backend_names():
         backend = saved["backend"]
     ref_kwargs, got_kwargs = clone_kwargs(kwargs), clone_kwargs(kwargs)
-    ref = run_reference(saved["op"], ref_kwargs)
-    got = registry.get_op(saved["op"]).function(**got_kwargs, backend=backend)
-    return RULES[saved["op"]](None, ref_kwargs, ref, got_kwargs, got)
+    op = registry.get_op(saved["op"])
+    ref = op.function(**ref_kwargs, backend="reference")
+    got = op.function(**got_kwargs, backend=backend)
+    return op.spec.conformance.compare({}, ref_kwargs, ref, got_kwargs, got)

@@ -2,26 +2,15 @@
 
 They compute in fp32 (fp64 for the einsum) from exactly the bytes a kernel would read, round only
 where docs/ops.md says, and run on any device. Registered as the backend ``reference`` (lowest
-priority). ``dsv4ops.reference.<op>(...)`` takes the public signature (validated, then the
-reference runs); the registered implementations in the submodules take the typed args.
+priority) from each op's ``OpSpec.reference``. ``dsv4ops.reference.<op>(...)`` takes the public
+signature (validated, then the reference runs); the implementations in ``dsv4ops.reference.impl``
+take the typed args.
 """
-from dsv4ops.ops import OPS
+from dsv4ops import registry
 from dsv4ops.platform import VENDORS
-from dsv4ops.registry import Backend, register_backend
 
-from . import fp8_einsum, indexer_topk, paged_mqa_logits, qnorm_rope_kv_insert, sparse_mla_decode
-from . import sparse_mla_prefill
-from . import mqa_logits
-
-from . import inv_rope_fp8_quant
-
-from . import compress_kv_insert
-
-BACKEND = register_backend(Backend("reference", VENDORS, description="PyTorch references (any device)"))
-for _module in (compress_kv_insert, inv_rope_fp8_quant, qnorm_rope_kv_insert, sparse_mla_decode, paged_mqa_logits, fp8_einsum, indexer_topk,
-                sparse_mla_prefill, mqa_logits):
-    _name = _module.__name__.rpartition(".")[2]
-    BACKEND.implements(_name, getattr(_module, _name))
+BACKEND = registry.register_backend(registry.Backend("reference", VENDORS,
+                                                     description="PyTorch references (any device)"))
 
 
 def _public(op):
@@ -33,15 +22,9 @@ def _public(op):
     return reference
 
 
-qnorm_rope_kv_insert = _public(OPS["qnorm_rope_kv_insert"])
-sparse_mla_decode = _public(OPS["sparse_mla_decode"])
-paged_mqa_logits = _public(OPS["paged_mqa_logits"])
-fp8_einsum = _public(OPS["fp8_einsum"])
-indexer_topk = _public(OPS["indexer_topk"])
-compress_kv_insert = _public(OPS["compress_kv_insert"])
-mqa_logits = _public(OPS["mqa_logits"])
-sparse_mla_prefill = _public(OPS["sparse_mla_prefill"])
-inv_rope_fp8_quant = _public(OPS["inv_rope_fp8_quant"])
+for _op in map(registry.get_op, registry.op_names()):
+    BACKEND.implements(_op.name, _op.spec.reference)
+    globals()[_op.name] = _public(_op)
+del _op
 
-__all__ = ["compress_kv_insert", "inv_rope_fp8_quant", "qnorm_rope_kv_insert", "sparse_mla_decode", "paged_mqa_logits", "fp8_einsum", "indexer_topk",
-           "sparse_mla_prefill", "mqa_logits"]
+__all__ = list(registry.op_names())

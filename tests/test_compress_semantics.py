@@ -8,15 +8,14 @@ import torch
 
 import dsv4ops
 from dsv4ops import formats
-from dsv4ops.conformance.inputs import cos_sin_cache
+from dsv4ops.sampling import cos_sin_cache
 from dsv4ops.formats import COMPRESSED_LAYOUTS
-from dsv4ops.ops.compress_kv_insert import overlap
-from dsv4ops.reference.rope import rotate
+from dsv4ops.reference.impl.rope import rotate
 
 
 def model_entries(kv, score, ape, weight, eps, ratio, cs):
     """bf16-valued fp32 entries [L // ratio, D], the way the model computes them for a prompt."""
-    c = overlap(ratio)
+    c = formats.window_overlap(ratio)
     D = kv.shape[1] // c
     n = kv.shape[0] // ratio
     kv = kv[: n * ratio].view(n, ratio, c * D)
@@ -50,7 +49,7 @@ BACKENDS = [b.name for b in dsv4ops.backends() if b.available and b.name in ("re
 ])
 def test_chunked_calls_match_the_model(backend, layout, ratio, length, cuts):
     gen = torch.Generator().manual_seed(1)
-    c, D = overlap(ratio), COMPRESSED_LAYOUTS[layout].head_dim
+    c, D = formats.window_overlap(ratio), COMPRESSED_LAYOUTS[layout].head_dim
     kv = torch.randn(length, c * D, generator=gen)
     score = 2 * torch.randn(length, c * D, generator=gen)
     ape = 0.5 * torch.randn(ratio, c * D, generator=gen)

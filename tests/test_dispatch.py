@@ -9,12 +9,12 @@ import torch
 import dsv4ops
 from dsv4ops import tensor_guard, registry, selection, settings
 from dsv4ops.backend_support import arch_in
-from dsv4ops.conformance import inputs
+from dsv4ops.conformance import build_inputs
 from dsv4ops.registry import Backend, register_backend, unregister_backend
 
 
 def topk_args():
-    return inputs.indexer_topk("cpu", torch.Generator().manual_seed(0), R=4, W=64, k=8, mode="ranges")
+    return build_inputs("indexer_topk", "cpu", torch.Generator().manual_seed(0), R=4, W=64, k=8, mode="ranges")
 
 
 @pytest.fixture

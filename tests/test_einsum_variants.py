@@ -9,7 +9,7 @@ import torch
 import dsv4ops
 from dsv4ops.conformance import run_case
 from dsv4ops.conformance.cases import make_case
-from dsv4ops.conformance.inputs import quantize_blocks
+from dsv4ops.sampling import quantize_blocks
 
 TRITON = any(b.name == "triton" and b.available for b in dsv4ops.backends())
 TUNABLES = ["einsum_tma=0", "einsum_tma=1", "einsum_tma=1,einsum_block_m=32,einsum_block_n=256", "einsum_block_n=64"]

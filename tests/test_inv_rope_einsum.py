@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import dsv4ops
-from dsv4ops.conformance.compare import calc_diff
-from dsv4ops.conformance.inputs import cos_sin_cache, quantize_blocks
-from dsv4ops.reference.rope import cos_sin, rotate
+from dsv4ops.tolerance import calc_diff
+from dsv4ops.sampling import cos_sin_cache, quantize_blocks
+from dsv4ops.reference.impl.rope import cos_sin, rotate
 
 BACKENDS = [b.name for b in dsv4ops.backends() if b.available and b.name in ("reference", "triton")]
 

@@ -7,7 +7,7 @@ import torch
 import dsv4ops
 from dsv4ops import formats
 from dsv4ops.conformance import compare
-from dsv4ops.conformance.inputs import cos_sin_cache
+from dsv4ops.sampling import cos_sin_cache
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
 GPU_BACKENDS = [b.name for b in dsv4ops.backends() if b.available and b.name != "reference"]

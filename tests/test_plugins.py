@@ -9,14 +9,14 @@ import torch
 
 import dsv4ops
 from dsv4ops import priorities, registry, selection
-from dsv4ops.conformance import inputs
+from dsv4ops.conformance import build_inputs
 from dsv4ops.registry import Backend, register_backend, unregister_backend
 
 _counter = itertools.count()
 
 
 def topk_args():
-    return inputs.indexer_topk("cpu", torch.Generator().manual_seed(0), R=4, W=64, k=8, mode="ranges")
+    return build_inputs("indexer_topk", "cpu", torch.Generator().manual_seed(0), R=4, W=64, k=8, mode="ranges")
 
 
 @pytest.fixture
@@ -152,7 +152,7 @@ def test_failing_plugin_import_is_reported_and_leaves_nothing(plugins, body, rea
 def _assert_reference_is_genuine():
     kw = topk_args()
     impl = registry.get_backend("reference").implementations["indexer_topk"][0]
-    assert impl.fn.__module__ == "dsv4ops.reference.indexer_topk"
+    assert impl.fn.__module__ == "dsv4ops.reference.impl.indexer_topk"
     assert torch.equal(dsv4ops.indexer_topk(**kw, backend="reference").sort(1).values,
                        dsv4ops.indexer_topk(**kw, backend="triton").sort(1).values)
 

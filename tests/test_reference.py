@@ -8,7 +8,7 @@ import torch
 
 import dsv4ops
 from dsv4ops import formats
-from dsv4ops.conformance import inputs
+from dsv4ops.conformance import build_inputs
 
 
 def _bf16(x: float) -> float:
@@ -30,7 +30,7 @@ def _decode_ds_mla_slot(cache, block_size, slot):
 
 
 def test_qnorm_rope_matches_loops(gen):
-    kw = inputs.qnorm_rope_kv_insert("cpu", gen, T=3, H=2, layout="bf16", block_size=4, num_blocks=2, skip_slots=0)
+    kw = build_inputs("qnorm_rope_kv_insert", "cpu", gen, T=3, H=2, layout="bf16", block_size=4, num_blocks=2, skip_slots=0)
     q0, kv = kw["q"].clone(), kw["kv"]
     out = dsv4ops.reference.qnorm_rope_kv_insert(**kw)
     cs = kw["cos_sin_cache"]
@@ -56,7 +56,7 @@ def test_qnorm_rope_matches_loops(gen):
 
 
 def test_sparse_decode_matches_loops(gen):
-    kw = inputs.sparse_mla_decode("cpu", gen, T=3, H=2, topk=8, layout="fp8_ds_mla", block_size=4,
+    kw = build_inputs("sparse_mla_decode", "cpu", gen, T=3, H=2, topk=8, layout="fp8_ds_mla", block_size=4,
                                   extra_topk=4, extra_block_size=2, corner="duplicates")
     out, lse = dsv4ops.reference.sparse_mla_decode(**kw)
     for t in range(3):
@@ -84,7 +84,7 @@ def test_sparse_decode_matches_loops(gen):
 
 
 def test_paged_logits_matches_loops(gen):
-    kw = inputs.paged_mqa_logits("cpu", gen, B=2, next_n=2, context=10, H=3, block_size=4, lens_dim=1)
+    kw = build_inputs("paged_mqa_logits", "cpu", gen, B=2, next_n=2, context=10, H=3, block_size=4, lens_dim=1)
     got = dsv4ops.reference.paged_mqa_logits(**kw)
     keys = formats.unpack_index_keys(kw["kv_cache"])
     for b in range(2):
@@ -102,8 +102,8 @@ def test_paged_logits_matches_loops(gen):
 @pytest.mark.parametrize("ranges", ["causal", "requests", "random"])
 def test_mqa_logits_matches_loops(gen, ranges, monkeypatch):
     """Loops in float64 over [ks, ke); -inf elsewhere; row chunks (forced small here) change only fp32 rounding."""
-    module = importlib.import_module("dsv4ops.reference.mqa_logits")      # the module, not the public function
-    kw = inputs.mqa_logits("cpu", gen, T=7, S=19, H=3, ranges=ranges)
+    module = importlib.import_module("dsv4ops.reference.impl.mqa_logits")      # the module, not the public function
+    kw = build_inputs("mqa_logits", "cpu", gen, T=7, S=19, H=3, ranges=ranges)
     full = dsv4ops.reference.mqa_logits(**kw)
     monkeypatch.setattr(module, "CHUNK_ELEMENTS", 3 * 19 * 2)             # two rows per chunk
     torch.testing.assert_close(dsv4ops.reference.mqa_logits(**kw), full, rtol=1e-6, atol=1e-6)   # fp32 sum order
@@ -117,7 +117,7 @@ def test_mqa_logits_matches_loops(gen, ranges, monkeypatch):
 
 
 def test_fp8_einsum_matches_loops(gen):
-    kw = inputs.fp8_einsum("cpu", gen, B=2, H=2, D=128, R=256)
+    kw = build_inputs("fp8_einsum", "cpu", gen, B=2, H=2, D=128, R=256)
     got = dsv4ops.reference.fp8_einsum(**kw)
     a, sa, b, sb = kw["a"].double(), kw["a_scale"].double(), kw["b"].double(), kw["b_scale"].double()
     for bi in range(2):
@@ -130,7 +130,7 @@ def test_fp8_einsum_matches_loops(gen):
 
 @pytest.mark.parametrize("mode", ["ranges", "decode1d", "decode2d"])
 def test_indexer_topk_matches_loops(gen, mode):
-    kw = inputs.indexer_topk("cpu", gen, R=6, W=40, k=8, mode=mode, next_n=2, data="neg_inf")
+    kw = build_inputs("indexer_topk", "cpu", gen, R=6, W=40, k=8, mode=mode, next_n=2, data="neg_inf")
     got = dsv4ops.reference.indexer_topk(**kw)
     for r in range(6):
         if mode == "ranges":
@@ -149,7 +149,7 @@ def test_indexer_topk_matches_loops(gen, mode):
 
 
 def test_sink_and_lonely_edges(gen):
-    kw = inputs.sparse_mla_decode("cpu", gen, T=2, H=4, topk=8, layout="bf16", block_size=4, sink="inf",
+    kw = build_inputs("sparse_mla_decode", "cpu", gen, T=2, H=4, topk=8, layout="bf16", block_size=4, sink="inf",
                                   lens="full")
     out, lse = dsv4ops.reference.sparse_mla_decode(**kw)
     assert torch.all(out[:, 0::2] == 0)              # sink +inf: output 0, lse unchanged
@@ -164,8 +164,8 @@ def test_sink_and_lonely_edges(gen):
 def test_prefill_reference_is_decode_in_chunks(monkeypatch):
     """The prefill reference, split into token chunks, equals the decode reference bit for bit
     (out= filled in place, lse per chunk, need_lse honoured)."""
-    monkeypatch.setattr(importlib.import_module("dsv4ops.reference.sparse_mla_prefill"), "CHUNK_ELEMENTS", 3 * 96 * 512)
-    kw = inputs.sparse_mla_decode("cpu", torch.Generator().manual_seed(5), T=7, H=4, topk=32, layout="fp8_ds_mla",
+    monkeypatch.setattr(importlib.import_module("dsv4ops.reference.impl.sparse_mla_prefill"), "CHUNK_ELEMENTS", 3 * 96 * 512)
+    kw = build_inputs("sparse_mla_decode", "cpu", torch.Generator().manual_seed(5), T=7, H=4, topk=32, layout="fp8_ds_mla",
                                   extra_topk=64, extra_block_size=16, corner="zero_len")
     out_d, lse_d = dsv4ops.reference.sparse_mla_decode(**kw)
     buf = torch.full_like(out_d, float("nan"))

@@ -9,19 +9,22 @@ import torch
 
 import dsv4ops
 from dsv4ops.checker import byte_span, self_overlapping, spans_intersect
-from dsv4ops.conformance import inputs
+from dsv4ops.conformance import build_inputs
 from dsv4ops.conformance.cases import make_case
-from dsv4ops.conformance.strides import BASES, LAYOUTS, aliased, contiguous_only, restride
+from dsv4ops.conformance.strides import aliased, contiguous_only, restride
+from dsv4ops.ops import OPS
 
 G = lambda: torch.Generator().manual_seed(7)
 VARIANTS = ("sliced", "transposed", "expanded")
+BASES = {op.name: op.spec.conformance.stride_bases["quick"] for op in OPS.values()}
+LAYOUTS = {op.name: op.spec.conformance.strides for op in OPS.values()}
 
 
 def _rejected_layouts():
     """(op, base params, arg, variant) the contract does not accept: every variant of a
     contiguous-only argument, and ``transposed`` for arguments that accept only row strides."""
     out = []
-    for op, bases in BASES["quick"].items():
+    for op, bases in BASES.items():
         for params in bases:
             kw = make_case(op, **params).build("cpu", 0)
             for arg in contiguous_only(op, kw):
@@ -57,6 +60,17 @@ def test_layout_not_accepted(op, params, arg, variant):
     _raises(op, kw, arg)
 
 
+def test_every_op_has_a_stride_and_alias_family():
+    """Each op's conformance data names the layouts its arguments accept and the bases the family
+    is generated on, in both tiers (an op without them would run no stride or alias case)."""
+    for op in OPS.values():
+        data = op.spec.conformance
+        assert data.strides, f"{op.name}: no accepted layouts (conformance.strides)"
+        assert data.stride_bases["quick"] and data.stride_bases["full"], f"{op.name}: no stride bases"
+        if op.spec.written:
+            assert any(case[0] == op.name for case in ALIASED), f"{op.name}: no alias case"
+
+
 def test_family_covers_every_argument():
     """Quick tier: every argument of LAYOUTS once; full tier: every accepted layout (same function)."""
     from dsv4ops.conformance import cases
@@ -68,9 +82,8 @@ def test_family_covers_every_argument():
 
 def _aliased_pairs():
     """(op, base params, written argument, other tensor argument) over the quick bases."""
-    from dsv4ops.ops import OPS
     out = []
-    for op, bases in BASES["quick"].items():
+    for op, bases in BASES.items():
         written = [a.name for a in OPS[op].spec.args if a.mutated]
         kw = make_case(op, **bases[0]).build("cpu", 0)
         tensors = [k for k, v in kw.items() if isinstance(v, torch.Tensor) and v.numel()]
@@ -95,7 +108,7 @@ def test_written_argument_overlapping_another(op, params, written, other):
         assert torch.equal(kw[name].contiguous().view(torch.uint8), t.contiguous().view(torch.uint8)), name
 
 
-ACCEPTED = [(op, params, arg, v) for op, bases in BASES["quick"].items() for params in bases
+ACCEPTED = [(op, params, arg, v) for op, bases in BASES.items() for params in bases
             for arg, variants in LAYOUTS[op].items() for v in variants]
 
 
@@ -138,7 +151,7 @@ def test_overlap_not_judged_on_fake_tensors():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from dsv4ops.checker import Checker
     from dsv4ops.ops import OPS
-    kw = inputs.fp8_einsum("cpu", G(), B=3, H=2, D=128, R=256, out=True)
+    kw = build_inputs("fp8_einsum", "cpu", G(), B=3, H=2, D=128, R=256, out=True)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
         Checker("fp8_einsum").disjoint(OPS["fp8_einsum"].bind(**fake), "out")
@@ -147,7 +160,7 @@ def test_overlap_not_judged_on_fake_tensors():
 # --- aliasing ---------------------------------------------------------------------------------
 
 def _qnorm(**kw):
-    return inputs.qnorm_rope_kv_insert("cpu", G(), T=4, H=1, block_size=16, num_blocks=2, **kw)
+    return build_inputs("qnorm_rope_kv_insert", "cpu", G(), T=4, H=1, block_size=16, num_blocks=2, **kw)
 
 
 def test_qnorm_out_viewing_kv():
@@ -162,7 +175,7 @@ def test_qnorm_cache_viewing_q():
     buf = torch.zeros(n, dtype=torch.uint8)
     kw["kv_cache"] = buf.view(shape)
     kw["q"] = buf[4096: 4096 + 4 * 512 * 2].view(torch.bfloat16).view(4, 1, 512)
-    _raises("qnorm_rope_kv_insert", kw, "kv_cache", "must not overlap 'q'")
+    _raises("qnorm_rope_kv_insert", kw, "q", "must not overlap 'kv_cache'")        # written arguments in order
 
 
 def test_qnorm_out_partly_overlapping_q():
@@ -184,7 +197,7 @@ def test_qnorm_out_is_q_in_place(backend):
 
 
 def _decode(layout="bf16"):
-    return inputs.sparse_mla_decode("cpu", G(), T=3, H=4, topk=16, layout=layout, block_size=16)
+    return build_inputs("sparse_mla_decode", "cpu", G(), T=3, H=4, topk=16, layout=layout, block_size=16)
 
 
 def test_decode_out_viewing_cache():
@@ -203,13 +216,13 @@ def test_decode_cache_viewing_q():
 
 
 def test_einsum_expanded_out():
-    kw = inputs.fp8_einsum("cpu", G(), B=3, H=2, D=128, R=256)
+    kw = build_inputs("fp8_einsum", "cpu", G(), B=3, H=2, D=128, R=256)
     kw["out"] = torch.empty(1, 2, 128, dtype=torch.bfloat16).expand(3, 2, 128)
     _raises("fp8_einsum", kw, "out", "overlap itself")
 
 
 def test_logits_out_overlapping_weights():
-    kw = inputs.paged_mqa_logits("cpu", G(), B=2, next_n=1, context=32, H=4, block_size=16)
+    kw = build_inputs("paged_mqa_logits", "cpu", G(), B=2, next_n=1, context=32, H=4, block_size=16)
     rows, width = 2, kw["max_context_len"]
     buf = torch.zeros(rows * width + 8)
     buf[:8] = kw["weights"].flatten()
@@ -218,7 +231,7 @@ def test_logits_out_overlapping_weights():
 
 
 def test_topk_out_overlapping_row_ends():
-    kw = inputs.indexer_topk("cpu", G(), R=4, W=64, k=8, mode="ranges")
+    kw = build_inputs("indexer_topk", "cpu", G(), R=4, W=64, k=8, mode="ranges")
     buf = torch.zeros(36, dtype=torch.int32)
     buf[32:] = kw["row_ends"]
     kw["row_ends"], kw["out"] = buf[32:], buf[4:36].view(4, 8)
@@ -262,7 +275,7 @@ def test_decode_nan_sink():
 @pytest.mark.parametrize("value", BAD_SCALES)
 @pytest.mark.parametrize("name", ["a_scale", "b_scale"])
 def test_einsum_block_scale_values(name, value):
-    kw = inputs.fp8_einsum("cpu", G(), B=3, H=2, D=128, R=256)
+    kw = build_inputs("fp8_einsum", "cpu", G(), B=3, H=2, D=128, R=256)
     kw[name] = kw[name].clone()
     kw[name].view(-1)[1] = value
     _raises("fp8_einsum", kw, name, "finite and > 0")
@@ -271,19 +284,19 @@ def test_einsum_block_scale_values(name, value):
 # --- size limits --------------------------------------------------------------------------------
 
 def test_logits_huge_max_context_len():
-    kw = inputs.paged_mqa_logits("cpu", G(), B=2, next_n=1, context=32, H=4, block_size=16)
+    kw = build_inputs("paged_mqa_logits", "cpu", G(), B=2, next_n=1, context=32, H=4, block_size=16)
     kw["max_context_len"] = 2 ** 40
     _raises("paged_mqa_logits", kw, "max_context_len", "at most")
 
 
 def test_logits_zero_block_size_cache():
-    kw = inputs.paged_mqa_logits("cpu", G(), B=2, next_n=1, context=32, H=4, block_size=16)
+    kw = build_inputs("paged_mqa_logits", "cpu", G(), B=2, next_n=1, context=32, H=4, block_size=16)
     kw["kv_cache"] = torch.empty(7, 0, 1, 132, dtype=torch.uint8)
     _raises("paged_mqa_logits", kw, "kv_cache", "block_size")
 
 
 def test_topk_huge_k():
-    kw = inputs.indexer_topk("cpu", G(), R=4, W=64, k=8, mode="ranges")
+    kw = build_inputs("indexer_topk", "cpu", G(), R=4, W=64, k=8, mode="ranges")
     kw["k"] = 2 ** 40
     _raises("indexer_topk", kw, "k", "int32")
 
@@ -298,7 +311,7 @@ def test_topk_width_beyond_int32():
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_topk_expanded_row_starts(backend):
-    kw = inputs.indexer_topk("cpu", G(), R=4, W=300, k=16, mode="ranges")
+    kw = build_inputs("indexer_topk", "cpu", G(), R=4, W=300, k=16, mode="ranges")
     kw["row_starts"] = torch.zeros(1, dtype=torch.int32).expand(4)
     want = dsv4ops.indexer_topk(**{**kw, "row_starts": torch.zeros(4, dtype=torch.int32)}, backend="reference")
     got = dsv4ops.indexer_topk(**kw, backend=backend)
@@ -308,7 +321,7 @@ def test_topk_expanded_row_starts(backend):
 # --- launch limits ------------------------------------------------------------------------------
 
 def test_triton_declines_grids_cuda_cannot_launch():
-    kw = inputs.paged_mqa_logits("cpu", G(), B=2, next_n=1, context=32, H=4, block_size=16)
+    kw = build_inputs("paged_mqa_logits", "cpu", G(), B=2, next_n=1, context=32, H=4, block_size=16)
     kw["max_context_len"] = 65536 * 128                      # sm90: 128 columns per program
     with dsv4ops.simulate_platform("cuda", "sm90"):
         decision = dsv4ops.explain("paged_mqa_logits", **kw)

@@ -1,12 +1,13 @@
 """DSV4OPS_VERIFY: the setting's syntax, and ``verify.wrap`` catching deliberately broken
 implementations (registered as test backends) while passing correct ones, in-place ops included."""
+import dataclasses
 import logging
 
 import pytest
 import torch
 
 import dsv4ops
-from dsv4ops import registry, verify
+from dsv4ops import registry, settings, verify
 from dsv4ops.conformance.cases import make_case
 from dsv4ops.errors import ConfigError, VerificationError
 from dsv4ops.ops import OPS
@@ -14,13 +15,13 @@ from dsv4ops.registry import Backend, register_backend, unregister_backend
 
 
 @pytest.mark.parametrize("value,expected", [
-    ("", verify.VerifyConfig()), ("0", verify.VerifyConfig()), ("off", verify.VerifyConfig()),
-    ("1", verify.VerifyConfig(1.0)), (" 0.01 ", verify.VerifyConfig(0.01)),
-    ("0.5,raise", verify.VerifyConfig(0.5, "raise")), ("1e-3, log, dump=/tmp/x", verify.VerifyConfig(1e-3, "log", "/tmp/x")),
+    ("", settings.VerifyConfig()), ("0", settings.VerifyConfig()), ("off", settings.VerifyConfig()),
+    ("1", settings.VerifyConfig(1.0)), (" 0.01 ", settings.VerifyConfig(0.01)),
+    ("0.5,raise", settings.VerifyConfig(0.5, "raise")), ("1e-3, log, dump=/tmp/x", settings.VerifyConfig(1e-3, "log", "/tmp/x")),
 ])
 def test_parse(value, expected):
-    assert verify.parse_verify(value) == expected
-    assert verify.parse_verify(value).enabled == (expected.rate > 0)
+    assert settings.parse_verify(value) == expected
+    assert settings.parse_verify(value).enabled == (expected.rate > 0)
 
 
 @pytest.mark.parametrize("value,message", [
@@ -30,7 +31,7 @@ def test_parse(value, expected):
 ])
 def test_parse_rejects(value, message):
     with pytest.raises(ConfigError, match=r"DSV4OPS_VERIFY=.*" + message.replace("(", r"\(").replace("]", r"\]")):
-        verify.parse_verify(value)
+        settings.parse_verify(value)
 
 
 def _reference(op):
@@ -141,17 +142,13 @@ def test_never_during_graph_capture(broken, monkeypatch):
 
 
 def test_a_failing_verification_never_breaks_the_call(broken, monkeypatch, caplog):
-    from dsv4ops.conformance import compare
-    monkeypatch.setitem(compare.RULES, "indexer_topk", lambda *a: 1 / 0)
+    spec = OPS["indexer_topk"].spec
+    monkeypatch.setattr(OPS["indexer_topk"], "spec", dataclasses.replace(
+        spec, conformance=dataclasses.replace(spec.conformance, compare=lambda *a: 1 / 0)))
     fn = verify.wrap(OPS["indexer_topk"], impl("honest", "indexer_topk"), 1.0, "raise", backend="honest")
     with caplog.at_level(logging.WARNING, logger="dsv4ops.verify"):
         assert fn(typed("indexer_topk", **TOPK)).shape == (6, 16)
     assert "could not verify indexer_topk on honest: ZeroDivisionError" in caplog.text
-
-
-def test_every_op_has_a_rule():
-    from dsv4ops.conformance.compare import RULES
-    assert set(dsv4ops.OP_NAMES) <= set(RULES)
 
 
 def test_dispatch_verifies_when_the_setting_is_on(env, broken, tmp_path):
@@ -159,7 +156,7 @@ def test_dispatch_verifies_when_the_setting_is_on(env, broken, tmp_path):
     implementation itself (nothing wrapped, nothing to pay)."""
     kw = make_case("indexer_topk", **TOPK).build("cpu", 0)
     honest = registry.get_backend("honest").implementations["indexer_topk"][0]
-    assert dsv4ops.selection.runner(honest, torch.device("cpu")) is honest.fn
+    assert dsv4ops.selection.runner(honest, torch.device("cpu"), dsv4ops.platform("cpu")) is honest.fn
     dsv4ops.indexer_topk(**kw, backend="broken")                    # off: the wrong result goes through
     env(DSV4OPS_VERIFY=f"1,raise,dump={tmp_path}")
     with pytest.raises(VerificationError, match="indexer_topk on broken differs"):

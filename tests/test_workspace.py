@@ -2,7 +2,7 @@
 import torch
 
 from dsv4ops import formats
-from dsv4ops.conformance import inputs
+from dsv4ops.conformance import build_inputs
 from dsv4ops.ops import OPS
 from dsv4ops.workspace import gather_workspace
 
@@ -12,7 +12,7 @@ def _args(**kw):
 
 
 def test_workspace_rows_and_indices_match_the_caches():
-    kw = inputs.sparse_mla_decode("cpu", torch.Generator().manual_seed(3), T=5, H=4, topk=32, layout="fp8_ds_mla",
+    kw = build_inputs("sparse_mla_decode", "cpu", torch.Generator().manual_seed(3), T=5, H=4, topk=32, layout="fp8_ds_mla",
                                   block_size=16, extra_topk=64, extra_block_size=2, corner="pad_middle")
     a = _args(**kw)
     rows, idx = gather_workspace(a, align=128)

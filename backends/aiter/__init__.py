@@ -115,6 +115,7 @@ BACKEND = register_backend(Backend(
     "aiter", ("rocm",), probe=probe,
     description="ROCm AITER pa_decode_sparse / pa_prefill_sparse (>= 0.1.20), fp8_mqa_logits and per-row top-k "
                 "(gfx942/gfx950)",
+    context=lambda plat: plat,              # pa_decode_sparse's arguments differ on gfx950
 ))
 
 # What pa_decode_sparse reads per arch (v0.1.20, aiter/ops/triton/attention/pa_decode_sparse.py):

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import torch
 
+from dsv4ops.platform import Platform
 
-def mqa_logits(a):
+
+def mqa_logits(plat: Platform, a):
     from aiter.ops.triton.attention.fp8_mqa_logits import fp8_mqa_logits
 
     T, S = a.q.shape[0], a.k.shape[0]

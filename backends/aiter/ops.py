@@ -34,9 +34,11 @@ from __future__ import annotations
 
 import torch
 
+from dsv4ops.platform import Platform
+
 from dsv4ops import formats
 from dsv4ops.backend_support import decode_output, dense, topk_output
-from dsv4ops.ops._rows import row_bounds
+from dsv4ops.rows import row_bounds
 
 SINK_CLAMP = 1e30
 
@@ -65,15 +67,14 @@ def _pool_scales(kv_scale, pages: int, device) -> torch.Tensor:
     return s.expand(pages, formats.HEAD_DIM // 64).contiguous()
 
 
-def sparse_mla_decode(a):
+def sparse_mla_decode(plat: Platform, a):
     from aiter.ops.triton.attention.pa_decode_sparse import pa_decode_sparse
-    from dsv4ops.platform import platform
 
     T, H, _ = a.q.shape
     result = decode_output(a.q, a.out)
     if T == 0:
         return result, None
-    gfx950 = platform(a.q.device).arch == "gfx950"
+    gfx950 = plat.arch == "gfx950"
     indptr, flat, count = _csr(a.indices, a.topk_lens)
     sink = None
     if a.attn_sink is not None:
@@ -102,7 +103,7 @@ def sparse_mla_decode(a):
     return result, None
 
 
-def indexer_topk(a):
+def indexer_topk(plat: Platform, a):
     from aiter.ops.topk import top_k_per_row_decode, top_k_per_row_prefill
 
     logits = a.logits

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from dsv4ops.platform import Platform
+
 from dsv4ops.backend_support import decode_output, pad_heads
 from dsv4ops.workspace import gather_workspace
 
@@ -28,7 +30,7 @@ def gluon_heads(H: int) -> int:
     return H if H <= 16 else 64 if H <= 64 else 128
 
 
-def sparse_mla_prefill(a):
+def sparse_mla_prefill(plat: Platform, a):
     from aiter.ops.triton.attention.pa_prefill_sparse import pa_prefill_sparse
 
     T, H, _ = a.q.shape

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from dsv4ops.backend_support import dense
-from dsv4ops.ops._rows import decode_row_ends
+from dsv4ops.rows import decode_row_ends
 from dsv4ops.platform import multiprocessors
 
 

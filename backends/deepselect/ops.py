@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from dsv4ops.backend_support import topk_output
-from dsv4ops.ops._rows import decode_row_ends
+from dsv4ops.rows import decode_row_ends
 
 _LOWEST = torch.finfo(torch.float32).min
 

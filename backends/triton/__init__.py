@@ -1,11 +1,11 @@
-"""Portable Triton kernels for all five ops (CUDA, ROCm, XPU; the CPU through TRITON_INTERPRET=1)."""
+"""Portable Triton kernels for every op (CUDA, ROCm, XPU; the CPU through TRITON_INTERPRET=1)."""
 import torch
 
 from dsv4ops.backend_support import all_of, import_probe, triton_interpreter_enabled
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
 
-from .tuning import tuning
+from .tuning import target, tuning
 
 _import_triton = import_probe("triton", '"dsv4ops[triton]"')
 
@@ -25,6 +25,7 @@ BACKEND = register_backend(Backend(
     "triton", ("cuda", "rocm", "xpu", "cpu"),
     probe=probe,
     description="portable Triton kernels (any Triton target; CPU via the interpreter)",
+    context=target,
 ))
 
 

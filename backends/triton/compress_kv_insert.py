@@ -19,12 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4ops.ops.compress_kv_insert import overlap
-from dsv4ops.platform import platform
+from dsv4ops import formats
 from dsv4ops.quant import FP8_MAX
 
 from .common import ceil_log2, exp2_int
-from .tuning import tuning
+from .tuning import Target
 
 
 @triton.jit
@@ -198,17 +197,17 @@ def _finish(pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride,
                      DS_MLA, FP8_MAX)
 
 
-def compress_kv_insert(a):
+def compress_kv_insert(target: Target, a):
     n = a.state_slot_mapping.shape[0]
     if n == 0:
         return None
-    c = overlap(a.ratio)
+    c = formats.window_overlap(a.ratio)
     width = a.kv.shape[1]
     D = width // c
     sc = a.state_cache
     ds_mla = a.layout.is_ds_mla
     page_bytes = a.kv_cache.stride(0)
-    tun = tuning(platform(a.kv.device))
+    tun = target.tuning
     warps = tun.compress_warps
     tokens = max(1, tun.compress_save_elems // width)
     chunk = min(c * a.ratio, tun.compress_chunk)

@@ -11,9 +11,8 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from dsv4ops.platform import platform
 
-from .tuning import tuning
+from .tuning import Target
 
 
 @triton.jit
@@ -95,13 +94,13 @@ def _descriptors(a, b, block_m, block_n):
             TensorDescriptor(b, [H, D, R], [D * R, R, 1], [1, block_n, 128]))
 
 
-def fp8_einsum(args):
+def fp8_einsum(target: Target, args):
     B, H, R = args.a.shape
     D = args.b.shape[1]
     out = torch.empty(B, H, D, dtype=args.out_dtype, device=args.a.device) if args.out is None else args.out
     if B == 0:
         return out
-    tune = tuning(platform(args.a.device))
+    tune = target.tuning
     BM, BN = tune.einsum_block_m, tune.einsum_block_n
     descs = _descriptors(args.a, args.b, BM, BN) if tune.einsum_tma else None
     a_src, b_src = descs or (args.a, args.b)

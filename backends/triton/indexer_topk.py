@@ -22,9 +22,9 @@ import triton
 import triton.language as tl
 
 from dsv4ops.backend_support import topk_output
-from dsv4ops.platform import multiprocessors, platform
+from dsv4ops.platform import multiprocessors
 
-from .tuning import tuning, warp_lanes
+from .tuning import Target
 
 
 @triton.jit
@@ -206,13 +206,12 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
         tl.store(dst + c, tl.full((BLOCK,), -1, tl.int32), mask=(c >= want) & (c < k))
 
 
-def indexer_topk(a):
+def indexer_topk(target: Target, a):
     R, W = a.logits.shape
     out = topk_output(a)
     if R == 0:
         return out
-    plat = platform(a.logits.device)
-    tune = tuning(plat)
+    tune = target.tuning
     if a.seq_lens is None:
         mode, starts, ends, lens, next_n = 0, a.row_starts, a.row_ends, out, 1
         strides = (a.row_starts.stride(0), a.row_ends.stride(0))
@@ -223,7 +222,7 @@ def indexer_topk(a):
         strides = (a.seq_lens.stride(0), a.seq_lens.stride(1) if two_d else 0)
     rows = (a.logits, a.logits.stride(0), a.logits.stride(1), starts, ends, lens, *strides, next_n)
     pieces, piece = _split(R, W, a.k, tune, multiprocessors(a.logits.device))
-    launch = functools.partial(_launch, rows, mode, tune, warp_lanes(plat), a.k)
+    launch = functools.partial(_launch, rows, mode, tune, target.warp_lanes, a.k)
     if pieces == 1:                              # one program per row
         launch((R, 1), out, 0, out, a.k, W, W, gather=False, local=True)
         return out

@@ -8,11 +8,10 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4ops.platform import platform
 from dsv4ops.quant import FP8_MAX
 
 from .common import ceil_log2, exp2_int
-from .tuning import tuning
+from .tuning import Target
 
 
 @triton.jit
@@ -42,14 +41,14 @@ def _inv_rope_fp8_quant_kernel(o_ptr, stride_t, stride_h, pos_ptr, pos_stride, c
     tl.store(s_ptr + out_row[:, None] * 4 + tl.arange(0, 4)[None, :], exp2_int(ex), mask=live)
 
 
-def inv_rope_fp8_quant(a):
+def inv_rope_fp8_quant(target: Target, a):
     T, H, D = a.o.shape
     G = a.n_groups
     values = torch.empty(T, G, H // G * D, dtype=torch.float8_e4m3fn, device=a.o.device)
     scales = torch.empty(T, G, H // G * D // 128, dtype=torch.float32, device=a.o.device)
     if T == 0:
         return values, scales
-    tune = tuning(platform(a.o.device))
+    tune = target.tuning
     heads = min(tune.inv_rope_heads, triton.next_power_of_2(H))
     _inv_rope_fp8_quant_kernel[(T, triton.cdiv(H, heads))](
         a.o, a.o.stride(0), a.o.stride(1), a.positions, a.positions.stride(0), a.cos_sin_cache, values, scales, H,

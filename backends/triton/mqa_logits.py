@@ -11,9 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4ops.platform import platform
 
-from .tuning import tuning
+from .tuning import Target
 
 
 @triton.jit
@@ -70,13 +69,13 @@ def _mqa_logits_kernel(q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, 
                 tl.store(dst, logits, mask=valid & live_s[:, None])
 
 
-def mqa_logits(a):
+def mqa_logits(target: Target, a):
     T, H, _ = a.q.shape
     S = a.k.shape[0]
     out = torch.empty(T, S, dtype=torch.float32, device=a.q.device) if a.out is None else a.out
     if T == 0 or S == 0:
         return out
-    tune = tuning(platform(a.q.device))
+    tune = target.tuning
     grid = (triton.cdiv(T, tune.mqa_block_q) * triton.cdiv(S, tune.mqa_chunk_s),)
     _mqa_logits_kernel[grid](
         a.q, a.k, a.k_scale, a.weights, a.ks, a.ke, out, T, S, H, a.weights.stride(0), a.weights.stride(1),

@@ -9,9 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4ops.platform import platform
 
-from .tuning import tuning
+from .tuning import Target
 
 
 @triton.jit
@@ -63,12 +62,12 @@ def _paged_mqa_logits_kernel(q_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_p
                  mask=(all_j < next_n)[:, None] & (t < width)[None, :])
 
 
-def paged_mqa_logits(a):
+def paged_mqa_logits(target: Target, a):
     B, next_n, H, _ = a.q.shape
     out = torch.empty(B * next_n, a.max_context_len, dtype=torch.float32, device=a.q.device) if a.out is None else a.out
     if B == 0 or a.max_context_len == 0:
         return out
-    tune = tuning(platform(a.q.device))
+    tune = target.tuning
     BLOCK_T = tune.logits_block_t
     h_pad = max(16, triton.next_power_of_2(H))
     next_pad = triton.next_power_of_2(next_n)

@@ -8,12 +8,10 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4ops.formats import Layout
-from dsv4ops.platform import platform
 from dsv4ops.quant import FP8_MAX
 
 from .common import ceil_log2, exp2_int, load_scalar, scalar_arg
-from .tuning import tuning
+from .tuning import Target
 
 
 @triton.jit
@@ -98,7 +96,7 @@ def _qnorm_rope_kv_insert_kernel(
                     tl.store(dst + 449 + 2 * i, tl.clamp(o.to(tl.float32) / ks, -FP8_MAX, FP8_MAX).to(tl.float8e4nv))
 
 
-def qnorm_rope_kv_insert(a):
+def qnorm_rope_kv_insert(target: Target, a):
     T, H, _ = a.q.shape
     layout = a.layout
     out = a.out
@@ -109,7 +107,7 @@ def qnorm_rope_kv_insert(a):
     ks, ks_ptr = scalar_arg(a.kv_scale)
     qs, qs_ptr = scalar_arg(a.q_scale)
     page_bytes = layout.page_bytes(a.block_size) if layout.is_ds_mla else 0
-    tune = tuning(platform(a.q.device))
+    tune = target.tuning
     heads = min(tune.insert_heads, triton.next_power_of_2(H))
     _qnorm_rope_kv_insert_kernel[(T, triton.cdiv(H, heads) + 1)](
         a.q, a.kv, a.kv.stride(0), a.positions, a.positions.stride(0), a.cos_sin_cache, a.kv_cache, a.slot_mapping,

@@ -15,12 +15,11 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4ops import formats
 from dsv4ops.backend_support import decode_output
-from dsv4ops.platform import multiprocessors, platform
+from dsv4ops.platform import multiprocessors
 
 from .common import load_scalar, scalar_arg, ue8m0_decode
-from .tuning import tuning
+from .tuning import Target
 
 LN2 = math.log(2.0)
 
@@ -186,8 +185,8 @@ def choose_splits(T: int, head_blocks: int, index_blocks: int, device: torch.dev
     return max(1, min(index_blocks, (waves * sms) // programs))
 
 
-def sparse_mla_decode(a):
-    tune = tuning(platform(a.q.device))
+def sparse_mla_decode(target: Target, a):
+    tune = target.tuning
     return attend(a, tune.decode_block_h, tune.decode_block_k, tune.decode_warps, tune.decode_stages,
                   tune.decode_waves)
 

@@ -9,13 +9,12 @@ The index list is split across programs only when T x head tiles cannot fill the
 """
 from __future__ import annotations
 
-from dsv4ops.platform import platform
 
 from .sparse_mla_decode import attend
-from .tuning import tuning
+from .tuning import Target
 
 
-def sparse_mla_prefill(a):
-    tune = tuning(platform(a.q.device))
+def sparse_mla_prefill(target: Target, a):
+    tune = target.tuning
     return attend(a, tune.prefill_block_h, tune.prefill_block_k, tune.prefill_warps, tune.prefill_stages,
                   tune.decode_waves)

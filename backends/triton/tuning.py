@@ -84,6 +84,20 @@ _TABLE = {
 }
 
 
+@dataclass(frozen=True)
+class Target:
+    """What a Triton wrapper knows of where it runs, bound once per dispatch decision (the backend's
+    context): the platform, its tunables, and Triton's threads per warp there."""
+
+    platform: Platform
+    tuning: Tuning
+    warp_lanes: int
+
+
+def target(plat: Platform) -> Target:
+    return Target(plat, tuning(plat), warp_lanes(plat))
+
+
 def tuning(plat: Platform) -> Tuning:
     """The platform's tunables, with ``DSV4OPS_TRITON_TUNING="decode_block_h=64,..."`` applied on top
     (for sweeps and for users tuning a new target)."""

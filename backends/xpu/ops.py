@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from dsv4ops.backend_support import dense, topk_output
-from dsv4ops.ops._rows import row_bounds
+from dsv4ops.rows import row_bounds
 
 
 def qnorm_rope_kv_insert(a):

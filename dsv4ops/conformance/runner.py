@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import ops
+from .. import registry
 from ..selection import decide
+from ..tensors import clone_kwargs
+from ..tolerance import Verdict
 from .cases import Case
-from .compare import RULES, Verdict
-from .strides import clone_exact
 
 POISON_FLOAT = float("nan")
 POISON_INT = -7
@@ -32,11 +32,6 @@ class Result:
                 f"--case '{self.case.id}' --seed {self.seed}")
 
 
-def clone_kwargs(kwargs: dict) -> dict:
-    """A copy of an op's arguments with every tensor cloned, layout kept (each run gets its own buffers)."""
-    return {k: clone_exact(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-
-
 def poison(t: torch.Tensor) -> None:
     """Fill an output buffer so that any element the backend does not write fails the comparison."""
     if t.dtype.is_floating_point and t.dtype not in (torch.float8_e4m3fn, torch.float8_e4m3fnuz):
@@ -53,7 +48,7 @@ def run_case(case: Case, backend: str, device, seed: int = 0) -> Result:
         kwargs = case.build(device, seed)
     except Exception as exc:
         return Result(case, backend, "error", message=f"building inputs failed: {exc}", seed=seed)
-    op = ops.OPS[case.op]
+    op = registry.get_op(case.op)
     decision = decide(op.validate_call(**kwargs), backend)
     if decision.selected is None:
         reason = next((c.status for c in decision.candidates if c.backend == backend), "not registered for this op")
@@ -68,11 +63,11 @@ def run_case(case: Case, backend: str, device, seed: int = 0) -> Result:
         got_result = op.function(**got_kwargs, backend=backend)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-        verdict: Verdict = RULES[case.op](case, ref_kwargs, ref_result, got_kwargs, got_result)
+        verdict: Verdict = op.spec.conformance.compare(case.kwargs, ref_kwargs, ref_result, got_kwargs, got_result)
         if verdict.ok:
             verdict = _check_contiguous(got_result, got_kwargs.get("out"), verdict)
         if verdict.ok and got_kwargs.get("out") is not None:
-            verdict = _check_out_returned(case.op, got_kwargs["out"], got_result, verdict)
+            verdict = _check_out_returned(got_kwargs["out"], got_result, verdict)
     except Exception as exc:
         tb = traceback.format_exc(limit=3).strip().splitlines()[-1]
         return Result(case, backend, "error", message=f"{type(exc).__name__}: {exc} ({tb})",
@@ -91,7 +86,7 @@ def _check_contiguous(result, out, verdict: Verdict) -> Verdict:
     return verdict
 
 
-def _check_out_returned(op: str, out: torch.Tensor, result, verdict: Verdict) -> Verdict:
+def _check_out_returned(out: torch.Tensor, result, verdict: Verdict) -> Verdict:
     first = result[0] if isinstance(result, tuple) else result
     if first.data_ptr() != out.data_ptr():
         return Verdict(False, verdict.worst, "out= was given but the result is not that buffer")
@@ -100,4 +95,4 @@ def _check_out_returned(op: str, out: torch.Tensor, result, verdict: Verdict) ->
 
 def run_reference(op: str, kwargs: dict):
     """The reference's result for keyword arguments of the public function (validated first)."""
-    return ops.OPS[op].function(**kwargs, backend="reference")
+    return registry.get_op(op).function(**kwargs, backend="reference")

@@ -19,8 +19,8 @@ import torch
 
 import dsv4ops
 from dsv4ops import formats
-from dsv4ops.conformance.compare import calc_diff
-from dsv4ops.conformance.inputs import cos_sin_cache
+from dsv4ops.sampling import cos_sin_cache
+from dsv4ops.tolerance import calc_diff
 from dsv4ops.platform import default_device
 from dsv4ops.quant import to_fp8
 

@@ -26,10 +26,10 @@ import torch
 
 import dsv4ops
 from dsv4ops import formats
-from dsv4ops.conformance.compare import RULES, calc_diff
-from dsv4ops.conformance.inputs import cos_sin_cache
-from dsv4ops.conformance.runner import clone_kwargs, run_reference
-from dsv4ops.ops.compress_kv_insert import overlap
+from dsv4ops.ops import OPS
+from dsv4ops.sampling import cos_sin_cache
+from dsv4ops.tensors import clone_kwargs
+from dsv4ops.tolerance import calc_diff
 from dsv4ops.platform import default_device
 from dsv4ops.quant import to_fp8
 
@@ -127,7 +127,7 @@ def make_layer(ratio: int, sizes: Sizes, device="cpu", seed=0) -> Layer:
     step writes are poison (random bytes; NaN in the compressor state), and the schedule."""
     g = torch.Generator().manual_seed(seed)
     max_len = max(sizes.prompts) + sizes.decode_steps
-    R, H, c = sizes.requests, sizes.heads, overlap(ratio)
+    R, H, c = sizes.requests, sizes.heads, formats.window_overlap(ratio)
 
     def table(pages):
         return torch.randperm(R * pages, generator=g).view(R, pages).to(torch.int32)
@@ -209,7 +209,7 @@ def activations(layer: Layer, step: Step) -> SimpleNamespace:
     device = step.positions.device
     g = torch.Generator(device=device).manual_seed(layer.seed * 100003 + step.number)
     randn = lambda *shape: torch.randn(*shape, generator=g, device=device)
-    T, H, width = step.positions.shape[0], layer.sizes.heads, overlap(layer.ratio) * 512
+    T, H, width = step.positions.shape[0], layer.sizes.heads, formats.window_overlap(layer.ratio) * 512
     x = SimpleNamespace(q=(randn(T, H, 512) * 2).to(torch.bfloat16), kv=(randn(T, 512) * 0.3).to(torch.bfloat16),
                         comp_kv=randn(T, width), comp_score=randn(T, width) * 2)
     if layer.indexer is not None:
@@ -240,7 +240,8 @@ class Runner:
             return dsv4ops.dispatch(op, **kwargs)
         ref_kwargs = clone_kwargs(kwargs)
         got = dsv4ops.dispatch(op, **kwargs)
-        verdict = RULES[op](None, ref_kwargs, run_reference(op, ref_kwargs), kwargs, got)
+        reference = OPS[op].function(**ref_kwargs, backend="reference")
+        verdict = OPS[op].spec.conformance.compare({}, ref_kwargs, reference, kwargs, got)
         s["worst"] = max(s["worst"], verdict.worst) if not math.isnan(verdict.worst) else math.nan
         if not verdict.ok and not s["failure"]:
             s["failure"] = verdict.message

@@ -10,14 +10,11 @@ from .. import formats
 from ..formats import Layout
 from ..opspec import Arg, OpSpec, define
 from ..checker import Checker
-
-RATIOS = (4, 128)                     # C4 (overlapping windows) and C128
-
-
-def overlap(ratio: int) -> int:
-    """2 for C4 (each window also pools the previous ratio tokens), else 1."""
-    return 2 if ratio == 4 else 1
-
+from .. import quant
+from ..opspec import BenchShapes, Conformance
+from ..sampling import change, cos_sin_cache, randint, randn, set_args, to_device
+from ..shapes import C128_BLOCK, C4_BLOCK
+from ..tolerance import Collector, Verdict, bf16_ulp_close, fp8_blocks_close
 
 def check(c: Checker, a):
     try:
@@ -25,8 +22,8 @@ def check(c: Checker, a):
     except ValueError:
         c.fail("layout", f"must be one of {list(formats.COMPRESSED_LAYOUTS)}, got {a.layout!r}")
     D = layout.head_dim
-    c.int_arg("ratio", a.ratio, choices=RATIOS)
-    width = overlap(a.ratio) * D
+    c.int_arg("ratio", a.ratio, choices=formats.COMPRESSION_RATIOS)
+    width = formats.window_overlap(a.ratio) * D
     c.tensor("kv", a.kv, dtype=(torch.float32, torch.bfloat16), shape=("T", width), anchor=True,
              last_dim_contiguous=True)
     T = a.kv.shape[0]
@@ -50,8 +47,6 @@ def check(c: Checker, a):
              shape=("num_blocks",) + layout.cache_shape(1, a.block_size)[1:], contiguous=True)
     c.tensor("slot_mapping", a.slot_mapping, dtype=torch.int64, shape=(n,))
     c.float_arg("eps", a.eps, positive=True)
-    c.disjoint(a, "state_cache")
-    c.disjoint(a, "kv_cache")
     c.in_range("positions", a.positions, 0, a.cos_sin_cache.shape[0], what="positions (rows of cos_sin_cache)")
     c.in_range("state_slot_mapping", a.state_slot_mapping, None, n_state_slots, what="state slots (negative = skip)")
     c.in_range("slot_mapping", a.slot_mapping, None, a.kv_cache.shape[0] * a.block_size,
@@ -70,8 +65,167 @@ def fake(a):
     return None
 
 
+# ---------------------------------------------------------------------------------------------
+# Conformance: sample inputs, cases, comparison rule, error inputs, bench shapes
+
+def inputs(device, gen, *, layout, ratio, block_size, reqs=(), decode=0, pad=0, dp_pad=0,
+                       dtype=torch.float32, skip_slot=False):
+    """Requests ``reqs = ((prior, new), ...)``: ``prior`` tokens compressed by earlier calls (their
+    last window's state rows are random values, every other state row is NaN: nothing may read it),
+    ``new`` tokens in this call. ``kv`` / ``score`` are the halves of one [T, 2c*D] projection
+    (strided rows). ``pad`` dummy tokens (state slot -1) follow, then ``dp_pad`` tokens past the
+    slot mappings. Tokens that close no window carry slots on a spare page (writing them is a bug);
+    ``skip_slot`` gives the first closing token slot -1. ``decode=N`` adds N requests of one token
+    each, every other one closing a window."""
+    reqs = tuple(reqs) + tuple((ratio * (8 + i) - 1 - i % 2, 1) for i in range(decode))
+    c, D = formats.window_overlap(ratio), Layout.of(layout, among=formats.COMPRESSED_LAYOUTS).head_dim
+    width, sbs = c * D, 4 if ratio == 4 else 8
+    ends = [prior + new for prior, new in reqs]
+    state_pages = [-(-e // sbs) for e in ends]
+    entry_pages = [-(-(e // ratio) // block_size) for e in ends]
+    nsb, nb = sum(state_pages) + 1, sum(entry_pages) + 1          # + a spare page each
+    sperm, kperm = torch.randperm(nsb, generator=gen), torch.randperm(nb, generator=gen)
+    spare = int(kperm[-1])
+    state_table = torch.zeros(len(reqs), max(state_pages + [1]), dtype=torch.int32)
+    entry_table = torch.zeros(len(reqs), max(entry_pages + [1]), dtype=torch.int64)
+    state = torch.full((nsb, sbs, 2 * width), float("nan"))
+    positions, req_of, sslots, slots = [], [], [], []
+    s_used = k_used = 0
+    for r, (prior, new) in enumerate(reqs):
+        state_table[r, :state_pages[r]] = sperm[s_used:s_used + state_pages[r]].to(torch.int32)
+        entry_table[r, :entry_pages[r]] = kperm[k_used:k_used + entry_pages[r]]
+        s_used, k_used = s_used + state_pages[r], k_used + entry_pages[r]
+        for q in range(max(0, prior - c * ratio), prior):          # the state earlier calls left
+            state[state_table[r, q // sbs], q % sbs] = torch.cat([randn(gen, width), 2 * randn(gen, width)])
+        for q in range(prior, prior + new):
+            positions.append(q)
+            req_of.append(r)
+            sslots.append(int(state_table[r, q // sbs]) * sbs + q % sbs)
+            e = q // ratio
+            slots.append(int(entry_table[r, e // block_size]) * block_size + e % block_size
+                         if (q + 1) % ratio == 0 else spare * block_size + int(randint(gen, 0, block_size, ())))
+    if skip_slot:
+        first = next(i for i, q in enumerate(positions) if (q + 1) % ratio == 0)
+        slots[first] = -1
+    max_pos = max(ends + [1]) + ratio
+    for _ in range(pad):
+        positions.append(int(randint(gen, 0, max_pos, ())))
+        req_of.append(0)
+        sslots.append(-1)
+        slots.append(spare * block_size)
+    n = len(positions)
+    positions += [int(randint(gen, 0, max_pos, ())) for _ in range(dp_pad)]
+    T = len(positions)
+    proj = randn(gen, T, 2 * width) * torch.cat([0.05 + 2 * torch.rand(T, 1, generator=gen),
+                                                   torch.full((T, 1), 2.0)], dim=1).repeat_interleave(width, 1)
+    shape = Layout.of(layout, among=formats.COMPRESSED_LAYOUTS).cache_shape(nb, block_size)
+    cache = randint(gen, 0, 256, shape).to(torch.uint8)          # random bytes: a stray write shows
+    proj = proj.to(dtype)
+    kwargs = dict(kv=proj[:, :width], score=proj[:, width:], positions=torch.tensor(positions, dtype=torch.int64),
+                  ape=0.5 * randn(gen, ratio, width), norm_weight=(1 + 0.1 * randn(gen, D)).to(dtype),
+                  cos_sin_cache=cos_sin_cache(max_pos), state_cache=state,
+                  state_slot_mapping=torch.tensor(sslots, dtype=torch.int64), state_block_table=state_table,
+                  token_to_req=torch.tensor(req_of, dtype=torch.int32), kv_cache=cache,
+                  slot_mapping=torch.tensor(slots, dtype=torch.int64), layout=layout, ratio=ratio,
+                  block_size=block_size, eps=1e-6)
+    assert len(sslots) == n
+    return to_device(kwargs, device)
+
+
+def cases(tier: str):
+    if tier == "quick":
+        yield dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 0),), block_size=4)
+        yield dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 9), (5, 1), (7, 1), (30, 6)), block_size=4,
+                        pad=1, dp_pad=1)
+        yield dict(layout="index_fp8", ratio=4, reqs=((2, 7), (11, 1), (0, 4)), block_size=8,
+                        skip_slot=True, dtype=torch.bfloat16)
+        yield dict(layout="fp8_ds_mla", ratio=128, reqs=((100, 30), (127, 1), (0, 3)),
+                        block_size=C128_BLOCK)
+        yield dict(layout="fp8_ds_mla", ratio=4, decode=6, block_size=4)
+        return
+    for layout, ratio, bs in (("fp8_ds_mla", 4, C4_BLOCK), ("index_fp8", 4, C4_BLOCK), ("fp8_ds_mla", 128, C128_BLOCK)):
+        yield dict(layout=layout, ratio=ratio, decode=128, block_size=bs)   # 128 decode requests
+        yield dict(layout=layout, ratio=ratio, reqs=((0, 1500), (513, 700), (4093, 3)),
+                        block_size=bs, pad=5, dp_pad=3)                  # prefill chunks
+    yield dict(layout="fp8_ds_mla", ratio=4, reqs=((8, 4), (0, 8192)), block_size=C4_BLOCK,
+                    dtype=torch.bfloat16, skip_slot=True)
+
+
+def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
+    """State cache bit-exact (a copy and one fp32 add); each written entry's scales equal up to one
+    power of two and its fp8 values within one e4m3 step (the pooled values may round differently
+    by an fp32 ulp), RoPE bf16 values within one ulp; every other cache byte exact."""
+    c = Collector()
+    kw = ref_kwargs
+    c.require(torch.equal(got_kwargs["state_cache"].view(torch.int32), kw["state_cache"].view(torch.int32)),
+              "state_cache: rows differ bitwise (saved rows are an exact copy, score + ape one fp32 add)")
+    n = kw["state_slot_mapping"].shape[0]
+    done = ((kw["state_slot_mapping"] >= 0) & ((kw["positions"][:n] + 1) % kw["ratio"] == 0)
+            & (kw["slot_mapping"] >= 0))
+    slots = kw["slot_mapping"][done]
+    got, ref, bs = got_kwargs["kv_cache"], kw["kv_cache"], kw["block_size"]
+    owned = torch.zeros_like(ref, dtype=torch.bool)
+    block, off = slots // bs, slots % bs
+    if Layout.of(kw["layout"], among=formats.COMPRESSED_LAYOUTS).is_ds_mla:
+        (gd, gs), (rd, rs) = formats.ds_mla_views(got, bs), formats.ds_mla_views(ref, bs)
+        od, os_ = formats.ds_mla_views(owned, bs)
+        od[block, off] = True
+        os_[block, off, : formats.NUM_TILES] = True            # the pad byte is compared exactly
+        nope = lambda data: data[block, off, : formats.NOPE_DIM].view(torch.float8_e4m3fn)
+        scale = lambda s: quant.ue8m0_to_float(s[block, off, : formats.NUM_TILES])
+        fp8_blocks_close(c, "entries", (nope(gd), scale(gs)), (nope(rd), scale(rs)), formats.TILE)
+        bf16_ulp_close(c, "entry RoPE bytes", gd[block, off, formats.NOPE_DIM:], rd[block, off, formats.NOPE_DIM:])
+    else:
+        (gv, gs), (rv, rs) = formats.index_key_views(got), formats.index_key_views(ref)
+        page = owned.view(owned.shape[0], -1)
+        cols = off[:, None] * formats.INDEX_DIM + torch.arange(formats.INDEX_DIM, device=ref.device)
+        page[block[:, None], cols] = True
+        page[block[:, None], bs * formats.INDEX_DIM + off[:, None] * 4 + torch.arange(4, device=ref.device)] = True
+        fp8_blocks_close(c, "keys", (gv[block, off], gs[block, off, None]), (rv[block, off], rs[block, off, None]),
+                          formats.INDEX_DIM)
+    mismatch = (got != ref) & ~owned
+    c.require(not bool(mismatch.any()), f"kv_cache: {int(mismatch.sum())} bytes differ outside the written "
+              f"entries' values and scales (pad bytes, other slots, page padding)")
+    return c.verdict()
+
+
+def cost(kw: dict) -> tuple[int, int]:
+    """(bytes, flops) a kernel must move / do at least."""
+    n = kw["state_slot_mapping"].shape[0]
+    live = kw["state_slot_mapping"] >= 0
+    done = int((live & ((kw["positions"][:n] + 1) % kw["ratio"] == 0) & (kw["slot_mapping"] >= 0)).sum())
+    row = kw["state_cache"].shape[2] * 4                      # one state row: [kv, score] fp32
+    entry = Layout.of(kw["layout"], among=formats.COMPRESSED_LAYOUTS).token_bytes
+    # save: read kv + score, write the row; each entry reads c*ratio positions of a row's 1/c
+    return (int(live.sum()) * ((kw["kv"].element_size() + kw["score"].element_size()) * kw["kv"].shape[1] + row)
+            + done * (kw["ratio"] * row + entry)), 0
+
+
+ERRORS = (
+    ("layout", set_args(layout="bf16")),
+    ("ratio", set_args(ratio=8)),
+    ("kv", change("kv", lambda t: t[:, :512])),
+    ("kv", change("kv", lambda t: t.half())),
+    ("score", change("score", lambda t: t[:3])),
+    ("positions", change("positions", lambda t: t.int())),
+    ("positions", change("positions", lambda t: t + 1000)),
+    ("ape", change("ape", lambda t: t[:2].contiguous())),
+    ("norm_weight", change("norm_weight", lambda t: t[:128].contiguous())),
+    ("cos_sin_cache", change("cos_sin_cache", lambda t: t.double())),
+    ("state_cache", change("state_cache", lambda t: t[..., :1024].contiguous())),
+    ("state_slot_mapping", change("state_slot_mapping", lambda t: t + 1000)),
+    ("state_block_table", change("state_block_table", lambda t: t + 1000)),
+    ("token_to_req", change("token_to_req", lambda t: t + 5)),
+    ("token_to_req", change("token_to_req", lambda t: t.long())),
+    ("kv_cache", set_args(block_size=8)),
+    ("slot_mapping", change("slot_mapping", lambda t: t[:2])),
+    ("slot_mapping", change("slot_mapping", lambda t: t + 1000)),
+    ("eps", set_args(eps=0.0)),
+)
+
 SPEC = OpSpec(
     name="compress_kv_insert",
+    section=9,
     doc="""Save KV / gate rows in the compressor state; pool every ``ratio``-th position's window into
     one compressed entry (softmax gate, RMSNorm, RoPE at the window's first position), quantized
     into ``kv_cache`` at ``slot_mapping``.
@@ -88,21 +242,47 @@ SPEC = OpSpec(
         Arg("ape", Tensor, doc="fp32 [ratio, c*D], learned position bias of the gate"),
         Arg("norm_weight", Tensor, doc="fp32/bf16 [D], RMSNorm weight"),
         Arg("cos_sin_cache", Tensor, doc="fp32 [max_pos, 64]"),
-        Arg("state_cache", Tensor, mutated=True),
+        Arg("state_cache", Tensor, mutated=True,
+            doc="fp32 [num_state_blocks, state_block_size, 2*c*D], per-token [kv, score + ape] rows"),
         Arg("state_slot_mapping", Tensor, doc="int64 [T'], negative = skip the token"),
         Arg("state_block_table", Tensor, doc="int32 [num_reqs, max_state_blocks]"),
         Arg("token_to_req", Tensor, doc="int32 [T']"),
-        Arg("kv_cache", Tensor, mutated=True),
+        Arg("kv_cache", Tensor, mutated=True,
+            doc="uint8 pages of the compressed cache in `layout` (formats.allocate_kv_cache)"),
         Arg("slot_mapping", Tensor, doc="int64 [T'], compressed slot written at a window's last token"),
-        Arg("layout", Layout, keyword_only=True),
-        Arg("ratio", int, keyword_only=True),
-        Arg("block_size", int, keyword_only=True),
-        Arg("eps", float, 1e-6, keyword_only=True),
+        Arg("layout", Layout, keyword_only=True,
+            doc='"fp8_ds_mla" (the C4 / C128 attention cache) or "index_fp8" (the indexer keys)'),
+        Arg("ratio", int, keyword_only=True, doc="4 (C4, overlapping windows) or 128 (C128)"),
+        Arg("block_size", int, keyword_only=True, doc="entries per page of kv_cache"),
+        Arg("eps", float, 1e-6, keyword_only=True, doc="RMSNorm epsilon (> 0)"),
     ),
     outputs="()",
     check=check,
     fake=fake,
     out_variant_only=True,
+    reference="dsv4ops.reference.impl.compress_kv_insert:compress_kv_insert",
+    conformance=Conformance(
+        inputs=inputs,
+        cases=cases,
+        typical=dict(layout="fp8_ds_mla", ratio=4,
+                                        reqs=((3, 1), (7, 1)), block_size=C4_BLOCK),
+        compare=compare,
+        strides={"kv": ("sliced",), "score": ("sliced",), "positions": ("sliced", "expanded"),
+                           "norm_weight": ("sliced", "expanded"), "state_cache": ("sliced",),
+                           # the state table and token_to_req not expanded: requests own disjoint state pages
+                           # (docs/ops.md) and a token pools its own request's; a broadcast row or request
+                           # makes tokens pool state rows another request wrote, or none did (poisoned)
+                           "state_slot_mapping": ("sliced",), "state_block_table": ("sliced", "transposed"),
+                           "token_to_req": ("sliced",), "slot_mapping": ("sliced",)},
+        stride_bases={"quick": [dict(layout="fp8_ds_mla", ratio=4, reqs=((2, 7), (9, 1), (0, 4)), block_size=4, pad=1)], "full": [dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 700), (513, 300)), decode=32,
+                                    block_size=64, pad=3)]},
+        error_base=dict(layout="fp8_ds_mla", ratio=4, reqs=((2, 6), (9, 1)), block_size=4),
+        errors=ERRORS,
+    ),
+    bench=BenchShapes(
+        cost=cost,
+        tiny=dict(layout="fp8_ds_mla", ratio=4, reqs=((3, 1),), block_size=64),
+        production=(dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 8192),), block_size=64), dict(layout="fp8_ds_mla", ratio=128, reqs=((0, 8192),), block_size=2), dict(layout="index_fp8", ratio=4, reqs=((0, 8192),), block_size=64)),
+    ),
 )
 OP = define(SPEC)
-compress_kv_insert = OP.function

@@ -8,6 +8,12 @@ from torch import Tensor
 
 from ..opspec import Arg, OpSpec, define
 from ..checker import INT32_MAX, Checker
+import itertools
+from ..opspec import BenchShapes, Conformance
+from ..rows import decode_row_ends, row_bounds
+from ..sampling import change, randint, randn, set_args, to_device
+from ..shapes import INDEX_TOPK
+from ..tolerance import Collector, Verdict, topk_selection
 
 
 def check(c: Checker, a):
@@ -40,7 +46,6 @@ def check(c: Checker, a):
                                f"with next_n={rows_per_seq}")
         c.in_range("seq_lens", seq_lens, 0, W + 1, what="lengths (at most the logits width)")
     c.out_buffer(a.out, dtype=torch.int32, shape=(R, a.k))
-    c.disjoint(a, "out")
     return a
 
 
@@ -48,22 +53,147 @@ def fake(a):
     return a.logits.new_empty(a.logits.shape[0], a.k, dtype=torch.int32)
 
 
+# ---------------------------------------------------------------------------------------------
+# Conformance: sample inputs, cases, comparison rule, error inputs, bench shapes
+
+def inputs(device, gen, *, R, W, k, mode="ranges", next_n=1, data="random", corner=None, out=False,
+                 column_major=False):
+    logits = randn(gen, R, W)
+    if data == "ties":
+        logits = randint(gen, 0, 6, (R, W)).to(torch.float32)
+    elif data == "neg_inf":
+        logits[torch.rand(R, W, generator=gen) < 0.5] = float("-inf")
+    elif data == "heavy_tail":                  # log-normal: the top spans many binades
+        logits = torch.exp(logits * 3)
+    elif data == "bf16":                        # 8 significant bits: long runs of equal values
+        logits = logits.to(torch.bfloat16).to(torch.float32)
+    kwargs = dict(logits=logits, k=k)
+    if mode == "ranges":
+        starts = randint(gen, 0, max(W // 4, 1), (R,))
+        ends = starts + randint(gen, 0, W + 1, (R,))
+        ends = ends.clamp(max=W)
+        if corner == "empty":
+            ends[::2] = starts[::2]
+        kwargs.update(row_starts=starts.to(torch.int32), row_ends=ends.to(torch.int32))
+        starts_e, ends_e = starts, ends
+    else:
+        B = R // next_n
+        lens = randint(gen, 0, W + 1, (B,))
+        if corner == "empty":
+            lens[::2] = 0
+        if mode == "decode2d":
+            lens = (lens[:, None] - next_n + torch.arange(next_n) + 1).clamp_min(0)
+        kwargs.update(seq_lens=lens.to(torch.int32), next_n=next_n)
+        ends_e = decode_row_ends(lens, next_n)
+        starts_e = torch.zeros_like(ends_e)
+    cols = torch.arange(W)
+    outside = (cols < starts_e[:, None]) | (cols >= ends_e[:, None])
+    logits[outside] = float("inf")              # a backend that ignores the range picks these
+    if column_major:                            # the op accepts any strides
+        kwargs["logits"] = logits.t().contiguous().t()
+    if out:
+        kwargs["out"] = torch.empty(R, k, dtype=torch.int32)
+    return to_device(kwargs, device)
+
+
+def cases(tier: str):
+    if tier == "quick":
+        yield dict(R=0, W=64, k=16)
+        yield dict(R=4, W=0, k=16, mode="decode2d", next_n=2)                # no column: all -1
+        for mode, data in itertools.product(("ranges", "decode1d", "decode2d"), ("random", "ties", "neg_inf")):
+            yield dict(R=6, W=300, k=64, mode=mode, next_n=2 if mode != "ranges" else 1, data=data,
+                        out=data == "ties")
+        for data in ("heavy_tail", "bf16"):
+            yield dict(R=4, W=300, k=64, mode="ranges", data=data)
+        yield dict(R=4, W=50, k=64, mode="ranges", corner="empty")         # k > W
+        yield dict(R=4, W=128, k=32, mode="decode1d", next_n=2, corner="empty")
+        yield dict(R=5, W=200, k=16, mode="ranges", column_major=True)
+        return
+    for model, k in INDEX_TOPK.items():
+        for mode, next_n in (("decode2d", 1), ("decode2d", 2), ("decode1d", 2), ("ranges", 1)):
+            yield dict(R=128, W=32768, k=k, mode=mode, next_n=next_n)
+        for data in ("ties", "heavy_tail", "bf16"):
+            yield dict(R=64, W=8192, k=k, mode="decode2d", data=data)
+        yield dict(R=64, W=4096, k=k, mode="ranges", data="neg_inf", corner="empty")
+    yield dict(R=32, W=700, k=1024, mode="ranges")                       # k > W
+
+
+def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
+    """Sets, not order: each row holds min(k, n) distinct valid row-local columns, then -1; any
+    difference from the reference's set must be a tie (min(selected) >= max(unselected valid))."""
+    c = Collector()
+    starts, ends = row_bounds(ref_kwargs.get("row_starts"), ref_kwargs.get("row_ends"), ref_kwargs.get("seq_lens"),
+                              ref_kwargs.get("next_n", 1))
+    topk_selection(c, ref_kwargs["logits"], ref_kwargs["k"], starts, ends, got_result, None, "indices")
+    return c.verdict()
+
+
+def cost(kw: dict) -> tuple[int, int]:
+    """(bytes, flops) a kernel must move / do at least."""
+    R, W = kw["logits"].shape
+    return R * W * 4 + R * kw["k"] * 4, 0
+
+
+ERRORS = (
+    ("logits", change("logits", lambda t: t.double())),
+    ("logits", change("logits", lambda t: t[0])),
+    ("k", set_args(k=0)),
+    ("k", set_args(k=8.0)),
+    ("row_ends", set_args(row_ends=None)),
+    ("row_starts", change("row_starts", lambda t: t.long())),
+    ("row_ends", change("row_ends", lambda t: t + 1000)),
+    ("row_starts", change("row_starts", lambda t: t - 1000)),
+    ("row_starts", lambda kw: kw.update(row_starts=torch.full_like(kw["row_starts"], 9),
+                                        row_ends=torch.full_like(kw["row_ends"], 5))),
+    ("seq_lens", set_args(seq_lens=torch.tensor([3, 4], dtype=torch.int32))),
+    ("seq_lens", lambda kw: kw.update(row_starts=None, row_ends=None, seq_lens=torch.ones(3, dtype=torch.int32))),
+    ("next_n", lambda kw: kw.update(row_starts=None, row_ends=None, next_n=3,
+                                    seq_lens=torch.ones(2, 2, dtype=torch.int32))),
+    ("next_n", set_args(next_n=0)),
+    ("out", set_args(out=torch.empty(4, 8, dtype=torch.int64))),
+)
+
 SPEC = OpSpec(
     name="indexer_topk",
+    section=5,
     doc="""logits fp32 [R, W]; rows either [row_starts, row_ends) (int32 [R]) or decode lengths
     ``seq_lens`` int32 [B] (with next_n) / [B, next_n]; inputs of any strides. Returns int32 [R, k]:
     row-local columns of the k largest valid logits (order unspecified), -1 past the row's valid count.""",
     args=(
-        Arg("logits", Tensor), Arg("k", int),
-        Arg("row_starts", Optional[Tensor], None, keyword_only=True),
-        Arg("row_ends", Optional[Tensor], None, keyword_only=True),
-        Arg("seq_lens", Optional[Tensor], None, keyword_only=True),
-        Arg("next_n", int, 1, keyword_only=True),
-        Arg("out", Optional[Tensor], None, keyword_only=True, mutated=True),
+        Arg("logits", Tensor, doc="fp32 [R, W] (any strides)"),
+        Arg("k", int, doc="indices per row (>= 1)"),
+        Arg("row_starts", Optional[Tensor], None, keyword_only=True,
+            doc="int32 [R], first valid column per row (with row_ends)"),
+        Arg("row_ends", Optional[Tensor], None, keyword_only=True,
+            doc="int32 [R], end of the valid columns per row (with row_starts)"),
+        Arg("seq_lens", Optional[Tensor], None, keyword_only=True,
+            doc="int32 [B] (causal MTP rule) or [B, next_n], the decode form instead of row ranges"),
+        Arg("next_n", int, 1, keyword_only=True, doc="rows per request in the decode form (R = B * next_n)"),
+        Arg("out", Optional[Tensor], None, keyword_only=True, mutated=True,
+            doc="int32 [R, k] contiguous, or None to allocate"),
     ),
     outputs="Tensor",
     check=check,
     fake=fake,
+    reference="dsv4ops.reference.impl.indexer_topk:indexer_topk",
+    conformance=Conformance(
+        inputs=inputs,
+        cases=cases,
+        typical=dict(R=4, W=1024, k=512, mode="decode2d"),
+        compare=compare,
+        strides={"logits": ("transposed", "sliced"), "row_starts": ("sliced",), "row_ends": ("sliced",),
+                     "seq_lens": ("sliced", "transposed")},
+        stride_bases={"quick": [dict(R=6, W=300, k=16, mode="ranges", out=True),
+                         dict(R=6, W=300, k=16, mode="decode2d", next_n=2)], "full": [dict(R=64, W=8192, k=512, mode="ranges", out=True),
+                         dict(R=64, W=8192, k=512, mode="decode2d", next_n=2)]},
+        error_base=dict(R=4, W=64, k=8, mode="ranges"),
+        errors=ERRORS,
+    ),
+    bench=BenchShapes(
+        cost=cost,
+        tiny=dict(R=4, W=128, k=16, mode="decode2d"),
+        production=(dict(R=128, W=32768, k=512, mode="decode2d"), dict(R=128, W=32768, k=1024, mode="decode2d")),
+        sweep=tuple(dict(R=R, W=W, k=512, mode="decode2d") for R in (4, 16, 64, 128) for W in (8192, 32768, 65536)),
+    ),
 )
 OP = define(SPEC)
-indexer_topk = OP.function

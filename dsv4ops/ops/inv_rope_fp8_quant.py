@@ -8,6 +8,11 @@ from torch import Tensor
 from .. import formats
 from ..opspec import Arg, OpSpec, define
 from ..checker import Checker
+from ..cost import nbytes
+from ..opspec import BenchShapes, Conformance
+from ..sampling import change, cos_sin_cache, randint, randn, set_args, to_device
+from ..shapes import HEADS_PER_RANK, O_GROUPS_PER_RANK
+from ..tolerance import Collector, Verdict, fp8_blocks_close
 
 BLOCK = 128                      # fp8_einsum's activation block
 
@@ -33,8 +38,72 @@ def fake(a):
             a.o.new_empty(T, a.n_groups, K // BLOCK, dtype=torch.float32))
 
 
+# ---------------------------------------------------------------------------------------------
+# Conformance: sample inputs, cases, comparison rule, error inputs, bench shapes
+
+def inputs(device, gen, *, T, H, n_groups, max_pos=4096, head_stride=0, corner=None):
+    """Attention outputs of V4 magnitude (|o| up to about 0.5, one scale per head); ``head_stride``
+    > H makes ``o`` a head slice of a wider buffer; ``corner="zero_head"`` zeroes one head (amax floor)."""
+    width = max(head_stride, H)
+    o = randn(gen, T, width, 512) * (0.01 + 0.2 * torch.rand(T, width, 1, generator=gen))
+    if corner == "zero_head" and T:
+        o[:, 0] = 0.0
+    positions = randint(gen, 0, max_pos, (T,))
+    if T >= 2:
+        positions[0], positions[-1] = 0, max_pos - 1
+    kwargs = dict(o=o.to(torch.bfloat16)[:, :H], positions=positions, cos_sin_cache=cos_sin_cache(max_pos),
+                  n_groups=n_groups)
+    return to_device(kwargs, device)
+
+
+def cases(tier: str):
+    if tier == "quick":
+        yield dict(T=0, H=8, n_groups=1)
+        yield dict(T=5, H=16, n_groups=2)
+        yield dict(T=3, H=6, n_groups=3, head_stride=8, corner="zero_head")
+        yield dict(T=4, H=8, n_groups=8)
+        return
+    for model, heads in HEADS_PER_RANK.items():
+        for H, G in zip(heads, O_GROUPS_PER_RANK[model]):
+            for T in (1, 128):
+                yield dict(T=T, H=H, n_groups=G)
+    yield dict(T=2048, H=64, n_groups=8, corner="zero_head")
+    yield dict(T=64, H=64, n_groups=8, head_stride=72)
+
+
+def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
+    """Both results per 1x128 block: scales equal up to one power of two, values within one e4m3 step."""
+    c = Collector()
+    fp8_blocks_close(c, "a", got_result, ref_result, 128)
+    c.require(got_result[0].is_contiguous() and got_result[1].is_contiguous(), "results must be contiguous")
+    return c.verdict()
+
+
+def cost(kw: dict) -> tuple[int, int]:
+    """(bytes, flops) a kernel must move / do at least."""
+    T, H, D = kw["o"].shape
+    return T * H * D * 2 + nbytes(kw["positions"]) + T * 64 * 4 + T * H * (D + D // 128 * 4), 0
+
+
+ERRORS = (
+    ("o", change("o", lambda t: t.float())),
+    ("o", change("o", lambda t: t[..., :448])),
+    ("o", change("o", lambda t: t[:, :0])),
+    ("o", change("o", lambda t: t[:, :3])),
+    ("o", change("o", lambda t: t[0])),
+    ("positions", change("positions", lambda t: t.int())),
+    ("positions", change("positions", lambda t: t[:2])),
+    ("positions", change("positions", lambda t: t + 64)),
+    ("positions", change("positions", lambda t: t - 64)),
+    ("cos_sin_cache", change("cos_sin_cache", lambda t: t[:, :32].contiguous())),
+    ("cos_sin_cache", change("cos_sin_cache", lambda t: t.double())),
+    ("n_groups", set_args(n_groups=0)),
+    ("n_groups", set_args(n_groups=2.0)),
+)
+
 SPEC = OpSpec(
     name="inv_rope_fp8_quant",
+    section=8,
     doc="""Undo RoPE on dims 448..511 of every head, then quantize per group to FP8 in 1x128 blocks.
 
     o bf16 [T, H, 512] (last dim contiguous), positions int64 [T], cos_sin_cache fp32 [max_pos, 64],
@@ -45,11 +114,26 @@ SPEC = OpSpec(
         Arg("o", Tensor, doc="bf16 [T, H, 512], the attention output"),
         Arg("positions", Tensor, doc="int64 [T]"),
         Arg("cos_sin_cache", Tensor, doc="fp32 [max_pos, 64]"),
-        Arg("n_groups", int, keyword_only=True),
+        Arg("n_groups", int, keyword_only=True, doc="output groups G (H % G == 0); K = (H/G) * 512 values per group"),
     ),
     outputs="(Tensor, Tensor)",
     check=check,
     fake=fake,
+    reference="dsv4ops.reference.impl.inv_rope_fp8_quant:inv_rope_fp8_quant",
+    conformance=Conformance(
+        inputs=inputs,
+        cases=cases,
+        typical=dict(T=4, H=64, n_groups=8),
+        compare=compare,
+        strides={"o": ("sliced",), "positions": ("sliced", "expanded")},
+        stride_bases={"quick": [dict(T=5, H=16, n_groups=2)], "full": [dict(T=128, H=64, n_groups=8)]},
+        error_base=dict(T=3, H=4, n_groups=2, max_pos=64),
+        errors=ERRORS,
+    ),
+    bench=BenchShapes(
+        cost=cost,
+        tiny=dict(T=1, H=8, n_groups=1),
+        production=(dict(T=128, H=64, n_groups=8), dict(T=4096, H=64, n_groups=8)),
+    ),
 )
 OP = define(SPEC)
-inv_rope_fp8_quant = OP.function

@@ -6,9 +6,16 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import formats
+from .. import formats, registry
 from ..opspec import Arg, OpSpec, define
 from ..checker import Checker
+import itertools
+from ..cost import nbytes
+from ..opspec import BenchShapes, Conformance
+from ..quant import FP8_MAX, to_fp8, ue8m0_scale
+from ..sampling import FP8_NAN, change, key_ranges, randn, set_args, to_device
+from ..shapes import INDEX_HEADS, INDEX_TOPK
+from ..tolerance import Collector, Verdict, fp8_abs, indexer_logits_rule, topk_selection
 
 FP8_TYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)     # OCP e4m3, or FNUZ e4m3 (gfx942)
 
@@ -16,6 +23,8 @@ FP8_TYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)     # OCP e4m3, or FNUZ
 def check(c: Checker, a):
     c.tensor("q", a.q, dtype=FP8_TYPES, shape=("T", "H", formats.INDEX_DIM), anchor=True, contiguous=True)
     T, H = a.q.shape[:2]
+    if H < 1:
+        c.fail("q", f"must have at least one head, got H={H}")
     c.tensor("k", a.k, dtype=a.q.dtype, shape=("S", formats.INDEX_DIM), contiguous=True)
     S = a.k.shape[0]
     c.tensor("k_scale", a.k_scale, dtype=torch.float32, shape=(S,), contiguous=True)
@@ -34,21 +43,150 @@ def fake(a):
     return a.q.new_empty(a.q.shape[0], a.k.shape[0], dtype=torch.float32)
 
 
+# ---------------------------------------------------------------------------------------------
+# Conformance: sample inputs, cases, comparison rule, error inputs, bench shapes
+
+def inputs(device, gen, *, T, S, H=64, ranges="causal", scale_fmt="fp32", flavour="ocp", clean=False,
+               corner=None, out=False, topk=None):
+    """``topk`` is read by the comparison rule only: it also feeds the logits to indexer_topk (ranges
+    mode) and judges the pair end to end. Keys and scales no row's range covers are NaN (a kernel
+    may read them only for columns it does not return)."""
+    q = to_fp8(randn(gen, T, H, 128) * 3, flavour)
+    keys = randn(gen, S, 128) * (0.05 + torch.rand(S, 1, generator=gen))
+    amax = keys.abs().amax(-1).clamp_min(formats.AMAX_FLOOR)
+    scale = amax / FP8_MAX[flavour] if scale_fmt == "fp32" else ue8m0_scale(amax, flavour)[0]
+    k = to_fp8(keys / scale[:, None], flavour)
+    ks, ke = key_ranges(gen, T, S, ranges)
+    if corner == "empty":                       # ks == ke rows, at several offsets
+        ke[::2] = ks[::2]
+    elif corner == "full":
+        ks[:], ke[:] = 0, S
+    covered = torch.zeros(S + 1, dtype=torch.int64).index_add_(0, ks, torch.ones(T, dtype=torch.int64))
+    covered = (covered.index_add_(0, ke, -torch.ones(T, dtype=torch.int64)).cumsum(0) > 0)[:S]
+    k.view(torch.uint8)[~covered] = FP8_NAN[flavour]
+    scale[~covered] = float("nan")
+    kwargs = dict(q=q, k=k, k_scale=scale, weights=randn(gen, T, H) * 0.2, ks=ks.to(torch.int32),
+                  ke=ke.to(torch.int32), clean=clean)
+    if out:
+        kwargs["out"] = torch.empty(T, S)
+    return to_device(kwargs, device)
+
+
+def cases(tier: str):
+    if tier == "quick":
+        yield dict(T=0, S=16, H=4)
+        yield dict(T=3, S=0, H=4, clean=True)
+        for ranges, clean in itertools.product(("causal", "requests", "random"), (False, True)):
+            yield dict(T=9, S=40, H=8, ranges=ranges, clean=clean, scale_fmt="ue8m0" if clean else "fp32",
+                            out=ranges == "random")
+        yield dict(T=4, S=48, H=INDEX_HEADS, ranges="causal", clean=True)
+        yield dict(T=8, S=40, H=8, ranges="random", corner="empty", clean=True)
+        yield dict(T=6, S=33, H=5, corner="full")
+        yield dict(T=5, S=24, H=8, flavour="fnuz", clean=True)
+        yield dict(T=16, S=96, H=8, ranges="requests", topk=16)          # -> indexer_topk
+        return
+    yield dict(T=4096, S=32768, H=INDEX_HEADS, ranges="causal")            # the bench shape
+    yield dict(T=8192, S=65536, H=INDEX_HEADS, ranges="causal", scale_fmt="ue8m0")
+    yield dict(T=8192, S=65536, H=INDEX_HEADS, ranges="requests")
+    yield dict(T=8192, S=2048, H=INDEX_HEADS, ranges="causal", clean=True)   # S = T / 4: zero-length rows
+    yield dict(T=2048, S=16384, H=INDEX_HEADS, ranges="random", corner="empty", clean=True)
+    yield dict(T=1000, S=7777, H=INDEX_HEADS, ranges="requests", clean=True, out=True)
+    for k in INDEX_TOPK.values():
+        yield dict(T=4096, S=16384, H=INDEX_HEADS, ranges="requests", topk=k)
+
+
+def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
+    """The paged_mqa_logits rule on [ks, ke); clean=True: -inf exactly outside. Cases with ``topk``
+    also run indexer_topk (ranges mode, the backend dispatch picks) on the logits and judge the
+    selection against the reference logits, allowing swaps of logits within their two error bounds."""
+    c = Collector()
+    kw = ref_kwargs
+    magnitude = lambda: _reference_logits(fp8_abs(kw["q"]), fp8_abs(kw["k"]), kw["k_scale"].abs(),
+                                             kw["weights"].abs(), kw["ks"], kw["ke"])
+    mag = indexer_logits_rule(c, ref_result, got_result, magnitude, kw["clean"], "columns outside [ks, ke)")
+    k = params.get("topk")
+    if k and not c.failures:
+        picked = registry.get_op("indexer_topk").function(got_result, k, row_starts=kw["ks"], row_ends=kw["ke"])
+        slack = torch.zeros_like(ref_result) if mag is None else 1e-4 * mag
+        topk_selection(c, ref_result, k, kw["ks"].to(torch.int64), kw["ke"].to(torch.int64), picked, slack,
+                        "indexer_topk(mqa_logits)")
+    return c.verdict()
+
+
+def _reference_logits(*args):
+    return registry.get_op("mqa_logits").function(*args, backend="reference")
+
+
+def cost(kw: dict) -> tuple[int, int]:
+    """(bytes, flops) a kernel must move / do at least."""
+    (T, H, D), S = kw["q"].shape, kw["k"].shape[0]
+    pairs = int((kw["ke"].long() - kw["ks"].long()).sum())          # (row, key) scores in the ranges
+    written = T * S if kw["clean"] else pairs
+    return nbytes(kw["q"], kw["k"], kw["k_scale"], kw["weights"], kw["ks"], kw["ke"]) + written * 4, 2 * pairs * H * D
+
+
+ERRORS = (
+    ("q", change("q", lambda t: t.float())),
+    ("q", change("q", lambda t: t[..., :64].contiguous())),
+    ("q", change("q", lambda t: t.transpose(0, 1).contiguous().transpose(0, 1))),
+    ("k", change("k", lambda t: t.view(torch.uint8))),
+    ("k", change("k", lambda t: t.float().to(torch.float8_e4m3fnuz))),
+    ("k", change("k", lambda t: t[:, :64].contiguous())),
+    ("k_scale", change("k_scale", lambda t: t[:-1])),
+    ("k_scale", change("k_scale", lambda t: t.double())),
+    ("weights", change("weights", lambda t: t[:, :2])),
+    ("weights", change("weights", lambda t: t.bfloat16())),
+    ("ks", change("ks", lambda t: t.long())),
+    ("ke", change("ke", lambda t: t[:3])),
+    ("ke", change("ke", lambda t: t + 1000)),
+    ("ks", change("ks", lambda t: t - 1000)),
+    ("ks", lambda kw: kw.update(ks=torch.full_like(kw["ks"], 9), ke=torch.full_like(kw["ke"], 5))),
+    ("clean", set_args(clean="yes")),
+    ("out", set_args(out=torch.empty(5, 39))),
+    ("out", set_args(out=torch.empty(5, 40, dtype=torch.float64))),
+    ("q", change("q", lambda t: t[:, :0])),                                   # H = 0
+)
+
 SPEC = OpSpec(
     name="mqa_logits",
+    section=11,
     doc="""q fp8 [T, H, 128]; k fp8 [S, 128] (q's fp8 type) with k_scale fp32 [S] (positive);
     weights fp32 [T, H]; ks, ke int32 [T] with 0 <= ks <= ke <= S. Returns fp32 [T, S]:
     ``out[t, s] = sum_h weights[t, h] * relu(q[t, h] . k[s] * k_scale[s])`` for ks[t] <= s < ke[t];
     other columns unspecified, or exactly -inf with ``clean=True``.""",
     args=(
-        Arg("q", Tensor), Arg("k", Tensor), Arg("k_scale", Tensor), Arg("weights", Tensor),
-        Arg("ks", Tensor), Arg("ke", Tensor),
-        Arg("clean", bool, False, keyword_only=True),
-        Arg("out", Optional[Tensor], None, keyword_only=True, mutated=True),
+        Arg("q", Tensor, doc="fp8 [T, H, 128] contiguous (float8_e4m3fn, or float8_e4m3fnuz on gfx942), H >= 1"),
+        Arg("k", Tensor, doc="q's fp8 type [S, 128] contiguous, the keys"),
+        Arg("k_scale", Tensor, doc="fp32 [S] contiguous, positive per-key scales"),
+        Arg("weights", Tensor, doc="fp32 [T, H] (last dim contiguous), per-head weights"),
+        Arg("ks", Tensor, doc="int32 [T], first key of each row's range"),
+        Arg("ke", Tensor, doc="int32 [T], end of each row's key range (ks <= ke <= S)"),
+        Arg("clean", bool, False, keyword_only=True, doc="write exactly -inf outside [ks, ke)"),
+        Arg("out", Optional[Tensor], None, keyword_only=True, mutated=True,
+            doc="fp32 [T, S] contiguous, or None to allocate"),
     ),
     outputs="Tensor",
     check=check,
     fake=fake,
+    reference="dsv4ops.reference.impl.mqa_logits:mqa_logits",
+    conformance=Conformance(
+        inputs=inputs,
+        cases=cases,
+        typical=dict(T=64, S=256, H=INDEX_HEADS),
+        compare=compare,
+        strides={"weights": ("sliced", "expanded"), "ks": ("sliced", "expanded"), "ke": ("sliced",)},
+        stride_bases={"quick": (dict(T=9, S=40, H=8, ranges="random", clean=True, out=True),),
+                      "full": (dict(T=1000, S=7777, H=INDEX_HEADS, ranges="requests", clean=True, out=True),)},
+        error_base=dict(T=5, S=40, H=4, ranges="random"),
+        errors=ERRORS,
+    ),
+    bench=BenchShapes(
+        cost=cost,
+        tiny=dict(T=4, S=64, H=64),
+        production=(dict(T=4096, S=32768, H=64, ranges="causal"),),
+        sweep=tuple(dict(T=T, S=S, H=64, ranges=r) for T, S in ((1024, 8192), (4096, 32768), (8192, 65536))
+              for r in ("causal", "requests")),
+        matrix="fp8",
+    ),
 )
 OP = define(SPEC)
-mqa_logits = OP.function

@@ -10,6 +10,12 @@ from .. import formats
 from ..formats import Layout
 from ..opspec import Arg, OpSpec, Scale, define
 from ..checker import Checker
+import itertools
+from ..cost import nbytes
+from ..opspec import BenchShapes, Conformance
+from ..sampling import change, cos_sin_cache, randint, randn, random_cache_bytes, set_args, to_device
+from ..shapes import ATTENTION_LAYOUTS, HEADS_PER_RANK, SWA_BLOCK
+from ..tolerance import Collector, Verdict, bf16_ulp_close, close, fp8_ulp_close
 
 MAX_HEADS = 128
 
@@ -48,9 +54,6 @@ def check(c: Checker, a):
     c.float_arg("kv_scale", a.kv_scale, positive=True, tensor_ok=True)
     c.float_arg("q_scale", a.q_scale, positive=True, tensor_ok=True)
     c.out_buffer(a.out, dtype=layout.query_dtype, shape=(T, H, formats.HEAD_DIM))
-    c.disjoint(a, "kv_cache")
-    c.disjoint(a, "q", same_ok=("out",))
-    c.disjoint(a, "out", same_ok=("q",))
     c.in_range("positions", a.positions, 0, a.cos_sin_cache.shape[0], what="positions (rows of cos_sin_cache)")
     c.in_range("slot_mapping", a.slot_mapping, None, a.kv_cache.shape[0] * a.block_size,
                what="slots (negative = skip)")
@@ -65,8 +68,109 @@ def fake(a):
     return a.q if layout.query_dtype == a.q.dtype else a.q.new_empty(a.q.shape, dtype=layout.query_dtype)
 
 
+# ---------------------------------------------------------------------------------------------
+# Conformance: sample inputs, cases, comparison rule, error inputs, bench shapes
+
+def inputs(device, gen, *, T, H, layout, block_size=64, num_blocks=4, skip_slots=0.25,
+                         dp_pad=0, max_pos=4096, out=False):
+    q = (randn(gen, T, H, 512) * (0.5 + 4 * torch.rand(T, H, 1, generator=gen))).to(torch.bfloat16)
+    kv = (randn(gen, T, 512) * (0.01 + 3 * torch.rand(T, 1, generator=gen))).to(torch.bfloat16)
+    positions = randint(gen, 0, max_pos, (T,))
+    if T >= 2:                                  # both ends of the cos/sin cache
+        positions[0], positions[-1] = 0, max_pos - 1
+    n_kv = max(T - dp_pad, 0)
+    num_slots = num_blocks * block_size
+    slots = torch.randperm(num_slots, generator=gen)[:n_kv]
+    if len(slots) < n_kv:
+        raise ValueError("not enough cache slots for the tokens")
+    slots = torch.where(torch.rand(n_kv, generator=gen) < skip_slots, torch.full_like(slots, -1), slots)
+    scales = dict(kv_scale=0.5, q_scale=0.25) if Layout.of(layout).has_tensor_scale else {}
+    out_dtype = Layout.of(layout).query_dtype
+    kwargs = dict(q=q, kv=kv, positions=positions, cos_sin_cache=cos_sin_cache(max_pos),
+                  kv_cache=random_cache_bytes(gen, num_blocks, block_size, layout), slot_mapping=slots,
+                  layout=layout, block_size=block_size, eps=1e-6, **scales)
+    if out:
+        kwargs["out"] = torch.empty(T, H, 512, dtype=out_dtype)
+    return to_device(kwargs, device)
+
+
+def cases(tier: str):
+    if tier == "quick":
+        yield dict(T=0, H=4, layout="fp8_ds_mla")
+        for layout, H, bs in itertools.product(ATTENTION_LAYOUTS, (3, 16), (64, 16)):
+            yield dict(T=5, H=H, layout=layout, block_size=bs, num_blocks=3,
+                        dp_pad=1 if H == 3 else 0, out=bs == 16)
+        return
+    heads = sorted({h for hs in HEADS_PER_RANK.values() for h in hs})
+    for layout, H, T in itertools.product(ATTENTION_LAYOUTS, heads, (1, 64)):
+        yield dict(T=T, H=H, layout=layout, block_size=SWA_BLOCK, num_blocks=8)
+    yield dict(T=300, H=64, layout="fp8_ds_mla", block_size=SWA_BLOCK,
+                num_blocks=16, dp_pad=7, out=True)
+
+
+def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
+    c = Collector()
+    layout, bs = Layout.of(ref_kwargs["layout"]), ref_kwargs["block_size"]
+    if layout.has_tensor_scale:
+        fp8_ulp_close(c, "q_fp8", got_result, ref_result)
+        c.require(torch.equal(got_kwargs["q"].view(torch.int16), ref_kwargs["q"].view(torch.int16)),
+                  "q: the bf16 input must be left unmodified in the fp8_per_tensor layout")
+    else:
+        close(c, "q'", got_result, ref_result, atol=1e-6, rtol=2 ** -7)
+    got_cache, ref_cache = got_kwargs["kv_cache"], ref_kwargs["kv_cache"]
+    if layout.is_ds_mla:
+        g_data, _ = formats.ds_mla_views(got_cache, bs)
+        r_data, _ = formats.ds_mla_views(ref_cache, bs)
+        bf16_ulp_close(c, "cache RoPE bytes", g_data[..., formats.NOPE_DIM:], r_data[..., formats.NOPE_DIM:])
+        rope_mask = torch.zeros_like(got_cache, dtype=torch.bool)
+        rope_mask[:, : bs * formats.DS_MLA_DATA_BYTES].view(-1, bs, formats.DS_MLA_DATA_BYTES)[..., formats.NOPE_DIM:] = True
+        mismatch = (got_cache != ref_cache) & ~rope_mask
+        c.require(not bool(mismatch.any()), f"cache: {int(mismatch.sum())} bytes differ outside the RoPE values "
+                  f"(fp8 values, scale bytes, pad byte or bytes no slot owns), first at "
+                  f"{torch.nonzero(mismatch)[0].tolist() if mismatch.any() else None}")
+    elif layout.kind == Layout.BF16:
+        close(c, "cache", got_cache, ref_cache, atol=1e-6, rtol=2 ** -7)
+        nope_same = torch.equal(got_cache[..., : formats.NOPE_DIM].view(torch.int16),
+                                ref_cache[..., : formats.NOPE_DIM].view(torch.int16))
+        c.require(nope_same, "cache: NoPE bf16 values must be copied exactly")
+    else:
+        fp8_ulp_close(c, "cache", got_cache, ref_cache)
+        nope_same = torch.equal(got_cache[..., : formats.NOPE_DIM].view(torch.uint8),
+                                ref_cache[..., : formats.NOPE_DIM].view(torch.uint8))
+        c.require(nope_same, "cache: NoPE fp8 bytes must be exact")
+    return c.verdict()
+
+
+def cost(kw: dict) -> tuple[int, int]:
+    """(bytes, flops) a kernel must move / do at least."""
+    T, H, D = kw["q"].shape
+    written = int((kw["slot_mapping"] >= 0).sum())
+    row_bytes = Layout.of(kw["layout"]).token_bytes
+    return 2 * nbytes(kw["q"]) + nbytes(kw["kv"], kw["positions"]) + written * (row_bytes + 64 * 4), 0
+
+
+ERRORS = (
+    ("q", change("q", lambda t: t.float())),
+    ("q", change("q", lambda t: t[..., :256].contiguous())),
+    ("q", change("q", lambda t: torch.zeros(4, 129, 512, dtype=torch.bfloat16))),
+    ("q", change("q", lambda t: t.transpose(0, 1).contiguous().transpose(0, 1))),
+    ("kv", change("kv", lambda t: t[:3])),
+    ("positions", change("positions", lambda t: t.int())),
+    ("positions", change("positions", lambda t: t + 10_000)),
+    ("cos_sin_cache", change("cos_sin_cache", lambda t: t[:, :32].contiguous())),
+    ("layout", set_args(layout="fp8")),
+    ("kv_cache", change("kv_cache", lambda t: t[:, :-1].contiguous())),
+    ("kv_cache", set_args(layout="bf16")),
+    ("slot_mapping", change("slot_mapping", lambda t: torch.cat([t, t]))),
+    ("slot_mapping", change("slot_mapping", lambda t: t.clamp_min(0) + 32)),
+    ("block_size", set_args(block_size=0)),
+    ("eps", set_args(eps=-1.0)),
+    ("out", set_args(out=torch.empty(4, 4, 256, dtype=torch.bfloat16))),
+)
+
 SPEC = OpSpec(
     name="qnorm_rope_kv_insert",
+    section=1,
     doc="""Normalize + rope Q, rope + quantize KV into ``kv_cache`` at ``slot_mapping`` (-1 = skip).
 
     q bf16 [T, H, 512], kv bf16 [T, 512] (any row stride), positions int64 [T], cos_sin_cache fp32
@@ -74,23 +178,44 @@ SPEC = OpSpec(
     Returns bf16 [T, H, 512] (``q`` itself unless ``out``) for
     "fp8_ds_mla"/"bf16", float8_e4m3fn [T, H, 512] for "fp8_per_tensor" (``q`` unmodified).""",
     args=(
-        Arg("q", Tensor, mutated=True, doc="bf16 [T, H, 512], rewritten in place unless out= or fp8_per_tensor"),
+        Arg("q", Tensor, mutated=True, same_view_ok=("out",),
+            doc="bf16 [T, H, 512], rewritten in place unless out= or fp8_per_tensor"),
         Arg("kv", Tensor, doc="bf16 [T, 512]"),
         Arg("positions", Tensor, doc="int64 [T]"),
         Arg("cos_sin_cache", Tensor, doc="fp32 [max_pos, 64]"),
-        Arg("kv_cache", Tensor, mutated=True),
+        Arg("kv_cache", Tensor, mutated=True, doc="the SWA cache in `layout` (formats.allocate_kv_cache)"),
         Arg("slot_mapping", Tensor, doc="int64 [T'], negative = skip"),
-        Arg("layout", Layout, keyword_only=True),
-        Arg("block_size", int, keyword_only=True),
-        Arg("eps", float, 1e-6, keyword_only=True),
-        Arg("kv_scale", Scale, 1.0, keyword_only=True),
-        Arg("q_scale", Scale, 1.0, keyword_only=True),
-        Arg("out", Optional[Tensor], None, keyword_only=True, mutated=True),
+        Arg("layout", Layout, keyword_only=True, doc='cache layout: "fp8_ds_mla", "bf16" or "fp8_per_tensor"'),
+        Arg("block_size", int, keyword_only=True, doc="tokens per page of kv_cache"),
+        Arg("eps", float, 1e-6, keyword_only=True, doc="RMSNorm epsilon (> 0)"),
+        Arg("kv_scale", Scale, 1.0, keyword_only=True,
+            doc='"fp8_per_tensor": the cache scale (float or 1-element fp32 tensor)'),
+        Arg("q_scale", Scale, 1.0, keyword_only=True,
+            doc='"fp8_per_tensor": the query scale (float or 1-element fp32 tensor)'),
+        Arg("out", Optional[Tensor], None, keyword_only=True, mutated=True, same_view_ok=("q",),
+            doc="the query result buffer (layout's query dtype [T, H, 512]), or None"),
     ),
     outputs="Tensor",
     check=check,
     fake=fake,
     out_variant_only=True,
+    reference="dsv4ops.reference.impl.qnorm_rope_kv_insert:qnorm_rope_kv_insert",
+    conformance=Conformance(
+        inputs=inputs,
+        cases=cases,
+        typical=dict(T=4, H=64, layout="fp8_ds_mla",
+                                      block_size=SWA_BLOCK),
+        compare=compare,
+        strides={"kv": ("sliced", "expanded"), "positions": ("expanded", "sliced"),
+                             "slot_mapping": ("sliced",)},
+        stride_bases={"quick": [dict(T=5, H=3, layout="fp8_ds_mla", block_size=16, num_blocks=3, out=True)], "full": [dict(T=64, H=64, layout="fp8_ds_mla", block_size=64, num_blocks=8, out=True)]},
+        error_base=dict(T=4, H=4, layout="fp8_ds_mla", block_size=16, num_blocks=2),
+        errors=ERRORS,
+    ),
+    bench=BenchShapes(
+        cost=cost,
+        tiny=dict(T=1, H=8, layout="fp8_ds_mla", block_size=64, num_blocks=1),
+        production=(dict(T=128, H=64, layout="fp8_ds_mla", block_size=64, num_blocks=8), dict(T=128, H=128, layout="fp8_ds_mla", block_size=64, num_blocks=8)),
+    ),
 )
 OP = define(SPEC)
-qnorm_rope_kv_insert = OP.function

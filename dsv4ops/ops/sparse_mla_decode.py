@@ -11,6 +11,17 @@ from ..formats import Layout
 from ..opspec import Arg, OpSpec, Scale, define
 from ..checker import Checker
 from .qnorm_rope_kv_insert import MAX_HEADS, check_kv_cache, check_layout
+import functools
+import importlib
+import itertools
+import math
+from .. import registry
+from ..cost import nbytes, selected_entries
+from ..opspec import BenchShapes, Conformance
+from ..quant import to_fp8
+from ..sampling import SOFTMAX_SCALE, change, filled_cache, index_lists, randn, set_args, to_device
+from ..shapes import ATTENTION_LAYOUTS, C128_BLOCK, C4_BLOCK, HEADS_PER_RANK, INDEX_TOPK, SWA_BLOCK, WINDOW
+from ..tolerance import Collector, Verdict, calc_diff, close
 
 
 def check(c: Checker, a):
@@ -39,7 +50,6 @@ def check(c: Checker, a):
     c.float_arg("q_scale", a.q_scale, positive=True, tensor_ok=True)
     c.out_buffer(a.out, dtype=torch.bfloat16, shape=(T, H, formats.HEAD_DIM))
     c.bool_arg("need_lse", a.need_lse)
-    c.disjoint(a, "out")
     c.disjoint(a, "kv_cache", others=("q",))
     c.disjoint(a, "extra_kv_cache", others=("q",))
     return a._replace(layout=layout)
@@ -58,8 +68,146 @@ def fake(a):
     return out, a.q.new_empty(T, H, dtype=torch.float32) if a.need_lse else None
 
 
+# ---------------------------------------------------------------------------------------------
+# Conformance: sample inputs, cases, comparison rule, error inputs, bench shapes
+
+def inputs(device, gen, *, T, H, topk, layout, block_size=64, extra_topk=0, extra_block_size=64,
+                      sink="random", lens="random", corner=None, out=False, need_lse=True, extra_slots=0):
+    """Inputs of sparse_mla_decode and sparse_mla_prefill; ``extra_slots`` sizes the extra cache (at
+    least twice extra_topk) to spread the selections, as a long context does."""
+    per_tensor = Layout.of(layout).has_tensor_scale
+    kv_scale = 0.25 if per_tensor else 1.0
+    num_slots = max(2 * topk, 4 * block_size)
+    num_slots += (-num_slots) % block_size
+    idx, lens_t, selected = index_lists(gen, T, topk, num_slots, lens, corner)
+    qf = randn(gen, T, H, 512)
+    kwargs = dict(q=to_fp8(qf * 2) if per_tensor else qf.to(torch.bfloat16),
+                  kv_cache=filled_cache(gen, layout, block_size, num_slots, selected, kv_scale),
+                  indices=idx, topk_lens=lens_t, layout=layout, block_size=block_size,
+                  softmax_scale=SOFTMAX_SCALE)
+    if per_tensor:
+        kwargs.update(kv_scale=kv_scale, q_scale=0.5)
+    if extra_topk:
+        n_extra = max(2 * extra_topk, 4 * extra_block_size, extra_slots)
+        n_extra += (-n_extra) % extra_block_size
+        e_idx, e_lens, e_sel = index_lists(gen, T, extra_topk, n_extra, lens, corner)
+        kwargs.update(extra_kv_cache=filled_cache(gen, layout, extra_block_size, n_extra, e_sel, kv_scale),
+                      extra_indices=e_idx, extra_topk_lens=e_lens, extra_block_size=extra_block_size)
+    if sink == "random":
+        kwargs["attn_sink"] = randn(gen, H) * 2
+    elif sink == "inf":
+        kwargs["attn_sink"] = torch.where(torch.arange(H) % 2 == 0, float("inf"), float("-inf"))
+    if out:
+        kwargs["out"] = torch.empty(T, H, 512, dtype=torch.bfloat16)
+    if not need_lse:
+        kwargs["need_lse"] = False
+    return to_device(kwargs, device)
+
+
+def cases(tier: str):
+    if tier == "quick":
+        yield dict(T=0, H=4, topk=64, layout="fp8_ds_mla")
+        for layout in ATTENTION_LAYOUTS:
+            yield dict(T=3, H=5, topk=64, layout=layout, extra_topk=64, extra_block_size=C128_BLOCK)
+        for corner in ("all_invalid", "pad_middle", "duplicates", "zero_len"):
+            yield dict(T=3, H=8, topk=32, layout="fp8_ds_mla", extra_topk=64,
+                        extra_block_size=16, corner=corner)
+        yield dict(T=2, H=16, topk=64, layout="fp8_ds_mla", sink="inf", lens="full", out=True)
+        yield dict(T=2, H=3, topk=32, layout="fp8_ds_mla", sink=None, lens=None)
+        for layout in ("bf16", "fp8_per_tensor"):     # the SM100 TRTLLM-gen shape: 128 SWA + extra, no lse
+            yield dict(T=3, H=8, topk=WINDOW, layout=layout, extra_topk=64, extra_block_size=C128_BLOCK,
+                        need_lse=False)
+        yield dict(T=3, H=16, topk=64, layout="fp8_ds_mla", extra_topk=64, extra_block_size=C128_BLOCK,
+                    need_lse=False)
+        yield dict(T=2, H=8, topk=32, layout="bf16", sink="inf", need_lse=False)   # single segment
+        return
+    for model, heads in HEADS_PER_RANK.items():
+        for H, T in itertools.product(heads, (8, 128)):
+            yield dict(T=T, H=H, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK,
+                        extra_topk=INDEX_TOPK[model], extra_block_size=C4_BLOCK)
+        yield dict(T=64, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK,
+                    extra_topk=128, extra_block_size=C128_BLOCK)           # C128 layer
+        yield dict(T=32, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK)  # SWA only
+    for layout in ("bf16", "fp8_per_tensor"):
+        for need_lse in (True, False):
+            yield dict(T=64, H=64, topk=WINDOW, layout=layout, block_size=SWA_BLOCK, extra_topk=512,
+                        extra_block_size=C4_BLOCK, need_lse=need_lse)
+    for corner in ("all_invalid", "pad_middle", "duplicates", "zero_len"):
+        yield dict(T=16, H=64, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=512,
+                    extra_block_size=C4_BLOCK, corner=corner)
+    yield dict(T=16, H=128, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=1024,
+                extra_block_size=C4_BLOCK, sink="inf", out=True)
+
+
+def attention_rule(op: str):
+    """The comparison rule of sparse_mla_decode and sparse_mla_prefill (``op``): FlashMLA's decode
+    tolerances, out abs 1e-3 rel 2.01/128 plus 2^-8 of sum_k p_k |v_k| (+ cosine), lse abs 1e-6 rel
+    8.01/65536."""
+    return functools.partial(_compare_attention, op)
+
+
+def _compare_attention(op, params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
+    c = Collector()
+    (ref_out, ref_lse), (got_out, got_lse) = ref_result, got_result
+    H = ref_kwargs["q"].shape[1]
+    c.require(tuple(got_out.shape) == tuple(ref_out.shape) and got_out.dtype == torch.bfloat16,
+              f"out: expected bf16 {list(ref_out.shape)}, got {got_out.dtype} {list(got_out.shape)}")
+    if ref_lse is None:
+        c.require(got_lse is None, "lse: need_lse=False but a tensor came back")
+    else:
+        c.require(got_lse is not None and tuple(got_lse.shape) == tuple(ref_lse.shape),
+                  f"lse: expected {list(ref_lse.shape)}, got {None if got_lse is None else list(got_lse.shape)}")
+    if c.failures:
+        return c.verdict()
+    close(c, "out", got_out[:, :H], ref_out[:, :H], atol=1e-3, rtol=2.01 / 128,
+           slack=lambda: 2 ** -8 * _attention_magnitude(op, ref_kwargs)[:, :H])
+    if ref_lse is not None:
+        close(c, "lse", got_lse[:, :H], ref_lse[:, :H], atol=1e-6, rtol=8.01 / 65536)
+    if ref_out.numel():
+        cos = calc_diff(got_out.float(), ref_out.float())
+        c.require(cos <= 5e-6 or not math.isfinite(cos), f"out: cosine difference {cos:.3g} > 5e-6")
+    return c.verdict()
+
+
+def _attention_magnitude(op: str, kwargs: dict) -> torch.Tensor:
+    """sum_k p_k |v_k| per output element (``output_magnitude`` beside ``op``'s reference)."""
+    module = importlib.import_module(registry.get_op(op).spec.reference.partition(":")[0])
+    return module.output_magnitude(registry.get_op(op).validate_call(**{**kwargs, "out": None}).args)
+
+
+def cost(kw: dict) -> tuple[int, int]:
+    """(bytes, flops) a kernel must move / do at least."""
+    rows = selected_entries(kw["indices"], kw.get("topk_lens"))
+    if kw.get("extra_indices") is not None:
+        rows += selected_entries(kw["extra_indices"], kw.get("extra_topk_lens"))
+    row_bytes = Layout.of(kw["layout"]).token_bytes
+    T, H, D = kw["q"].shape
+    return rows * row_bytes + 2 * nbytes(kw["q"]) + T * H * 4, 4 * rows * H * D     # QK^T and PV
+
+
+ERRORS = (
+    ("q", change("q", lambda t: t.float())),
+    ("q", change("q", lambda t: torch.zeros(3, 0, 512, dtype=torch.bfloat16))),
+    ("indices", change("indices", lambda t: t.long())),
+    ("indices", change("indices", lambda t: t[:2])),
+    ("indices", change("indices", lambda t: torch.where(t == -1, -2, t))),
+    ("indices", change("indices", lambda t: t.clamp_min(0) + 10_000)),
+    ("topk_lens", change("topk_lens", lambda t: t + 100)),
+    ("extra_topk_lens", change("extra_topk_lens", lambda t: t + 100)),
+    ("attn_sink", change("attn_sink", lambda t: t[:2])),
+    ("attn_sink", change("attn_sink", lambda t: t.double())),
+    ("softmax_scale", set_args(softmax_scale="0.04")),
+    ("extra_indices", set_args(extra_indices=None)),
+    ("extra_kv_cache", set_args(extra_kv_cache=None)),
+    ("extra_kv_cache", set_args(extra_block_size=4)),
+    ("kv_cache", set_args(layout="bf16")),
+    ("layout", set_args(layout="fp8")),
+    ("out", set_args(out=torch.empty(3, 4, 512))),
+)
+
 SPEC = OpSpec(
     name="sparse_mla_decode",
+    section=2,
     doc="""Sparse MQA decode. q [T, H, 512] (bf16; fp8 for "fp8_per_tensor"), H <= 128; indices int32
     [T, topk] (block * block_size + offset, -1 invalid); topk_lens int32 [T]; attn_sink fp32 [H].
     Returns out bf16 [T, H, 512] and lse fp32 [T, H] (natural log, sink excluded, +inf if lonely);
@@ -70,22 +218,49 @@ SPEC = OpSpec(
         Arg("kv_cache", Tensor, doc="the SWA cache in `layout`"),
         Arg("indices", Tensor, doc="int32 [T, topk] cache slots, -1 invalid"),
         Arg("topk_lens", Optional[Tensor], None, doc="int32 [T] valid prefix of each index row"),
-        Arg("layout", Layout, keyword_only=True),
-        Arg("block_size", int, keyword_only=True),
-        Arg("softmax_scale", float, keyword_only=True),
+        Arg("layout", Layout, keyword_only=True, doc='cache layout: "fp8_ds_mla", "bf16" or "fp8_per_tensor"'),
+        Arg("block_size", int, keyword_only=True, doc="tokens per page of kv_cache"),
+        Arg("softmax_scale", float, keyword_only=True, doc="scale of q.k (> 0)"),
         Arg("attn_sink", Optional[Tensor], None, keyword_only=True, doc="fp32 [H]"),
         Arg("extra_kv_cache", Optional[Tensor], None, keyword_only=True, doc="the compressed cache"),
-        Arg("extra_indices", Optional[Tensor], None, keyword_only=True),
-        Arg("extra_topk_lens", Optional[Tensor], None, keyword_only=True),
-        Arg("extra_block_size", Optional[int], None, keyword_only=True),
-        Arg("kv_scale", Scale, 1.0, keyword_only=True),
-        Arg("q_scale", Scale, 1.0, keyword_only=True),
+        Arg("extra_indices", Optional[Tensor], None, keyword_only=True,
+            doc="int32 [T, extra_topk] slots of extra_kv_cache, -1 invalid"),
+        Arg("extra_topk_lens", Optional[Tensor], None, keyword_only=True,
+            doc="int32 [T] valid prefix of each extra index row, or None"),
+        Arg("extra_block_size", Optional[int], None, keyword_only=True, doc="tokens per page of extra_kv_cache"),
+        Arg("kv_scale", Scale, 1.0, keyword_only=True,
+            doc='"fp8_per_tensor": the cache scale (float or 1-element fp32 tensor)'),
+        Arg("q_scale", Scale, 1.0, keyword_only=True,
+            doc='"fp8_per_tensor": the query scale (float or 1-element fp32 tensor)'),
         Arg("out", Optional[Tensor], None, keyword_only=True, mutated=True, doc="bf16 [T, H, 512]"),
-        Arg("need_lse", bool, True, keyword_only=True),
+        Arg("need_lse", bool, True, keyword_only=True,
+            doc="False: the lse result is None (admits kernels without it)"),
     ),
     outputs="(Tensor, Tensor?)",
     check=check,
     fake=fake,
+    reference="dsv4ops.reference.impl.sparse_mla_decode:sparse_mla_decode",
+    conformance=Conformance(
+        inputs=inputs,
+        cases=cases,
+        typical=dict(T=4, H=64, topk=WINDOW, layout="fp8_ds_mla",
+                                   block_size=SWA_BLOCK, extra_topk=512, extra_block_size=C4_BLOCK),
+        compare=attention_rule("sparse_mla_decode"),
+        strides={"indices": ("sliced", "transposed", "expanded"), "topk_lens": ("sliced",),
+                 "attn_sink": ("sliced", "expanded"), "extra_indices": ("sliced", "transposed"),
+                 "extra_topk_lens": ("sliced",)},
+        stride_bases={"quick": [dict(T=3, H=5, topk=32, layout="fp8_ds_mla", block_size=16, extra_topk=32,
+                                   extra_block_size=16, out=True)], "full": [dict(T=32, H=64, topk=128, layout="fp8_ds_mla", block_size=64, extra_topk=512,
+                                   extra_block_size=64, out=True)]},
+        error_base=dict(T=3, H=4, topk=16, layout="fp8_ds_mla", block_size=16, extra_topk=8, extra_block_size=2),
+        errors=ERRORS,
+    ),
+    bench=BenchShapes(
+        cost=cost,
+        tiny=dict(T=1, H=8, topk=64, layout="fp8_ds_mla", extra_topk=64, extra_block_size=64),
+        production=(dict(T=8, H=64, topk=128, layout="fp8_ds_mla", extra_topk=128, extra_block_size=64, lens="full"), dict(T=128, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64, lens="full"), dict(T=128, H=128, topk=128, layout="fp8_ds_mla", extra_topk=1024, extra_block_size=64, lens="full"), dict(T=512, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64, lens="full")),
+        sweep=tuple(dict(T=T, H=H, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64, lens="full")
+              for H in (16, 64, 128) for T in (1, 8, 32, 128, 512)),
+    ),
 )
 OP = define(SPEC)
-sparse_mla_decode = OP.function

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from dsv4ops import formats
-from dsv4ops.ops.compress_kv_insert import overlap
 from dsv4ops.quant import to_fp8, ue8m0_scale
 
 from .rope import cos_sin, rotate
@@ -13,7 +12,7 @@ from .rope import cos_sin, rotate
 
 def compress_kv_insert(a):
     n = a.state_slot_mapping.shape[0]
-    c, ratio, width = overlap(a.ratio), a.ratio, a.kv.shape[1]
+    c, ratio, width = formats.window_overlap(a.ratio), a.ratio, a.kv.shape[1]
     D = width // c
     pos = a.positions[:n]
     sbs = a.state_cache.shape[1]

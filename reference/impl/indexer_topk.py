@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4ops.ops._rows import row_bounds
+from dsv4ops.rows import row_bounds
 
 
 def indexer_topk(a):

@@ -1,0 +1,129 @@
+"""Building blocks of the ops' sample inputs and error inputs (each op's declaration builds its
+conformance inputs from these; fresh random values per generator, never zeros).
+
+Poisons are part of the fixtures: cache rows no valid index selects hold NaN (docs/ops.md §2), and
+cache bytes no slot owns are random (an insert that touches them is caught).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from . import formats
+from .quant import ue8m0_scale, to_fp8
+
+SOFTMAX_SCALE = 512 ** -0.5
+ROPE_THETA = 10000.0
+FP8_NAN = {"ocp": 0x7F, "fnuz": 0x80}            # an e4m3 NaN byte
+
+
+def randn(gen, *shape):
+    return torch.randn(*shape, generator=gen)
+
+
+def randint(gen, lo, hi, shape):
+    return torch.randint(lo, hi, shape, generator=gen)
+
+
+def to_device(kwargs: dict, device) -> dict:
+    """``kwargs`` with every tensor moved to ``device``."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+
+
+def cos_sin_cache(max_pos: int) -> torch.Tensor:
+    """fp32 [max_pos, 64]: row p = [cos(p f_0..f_31) | sin(p f_0..f_31)], f_i = theta^(-2i/64)."""
+    freqs = ROPE_THETA ** (-torch.arange(0, formats.ROPE_DIM, 2, dtype=torch.float64) / formats.ROPE_DIM)
+    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * freqs[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32)
+
+
+def random_cache_bytes(gen, num_blocks: int, block_size: int, layout: str) -> torch.Tensor:
+    """A cache in ``layout`` filled with random bytes (finite values for float layouts)."""
+    shape, dtype = formats.kv_cache_spec(num_blocks, block_size, layout)
+    if dtype == torch.uint8:
+        return randint(gen, 0, 256, shape).to(torch.uint8)
+    return (randn(gen, *shape) * 4).to(dtype)
+
+
+def index_lists(gen, T, topk, num_slots, lens_mode, corner):
+    """indices int32 [T, topk] (distinct slots; -1 padding past the length), lens int32 [T] or None,
+    and the set of selected slots."""
+    if num_slots < topk:
+        raise ValueError("not enough slots for topk")
+    idx = torch.stack([torch.randperm(num_slots, generator=gen)[:topk] for _ in range(T)]) if T else \
+        torch.empty(0, topk, dtype=torch.int64)
+    if lens_mode == "full" or lens_mode is None:
+        lens = torch.full((T,), topk)
+    else:
+        lens = randint(gen, 0, topk + 1, (T,))
+        if T:
+            lens[0] = topk
+    pos = torch.arange(topk)
+    beyond = pos[None, :] >= lens[:, None]
+    # Beyond the length: -1 in the vLLM style, except every other token points at (NaN) rows.
+    pointing = torch.rand(T, generator=gen)[:, None] < 0.5
+    idx = torch.where(beyond & ~pointing, -1, idx)
+    if corner == "all_invalid":
+        idx[:] = -1
+    elif corner == "pad_middle":
+        idx = torch.where((torch.rand(T, topk, generator=gen) < 0.3) & ~beyond, -1, idx)
+    elif corner == "duplicates" and topk >= 2:
+        idx[:, 1::2] = idx[:, 0::2][:, : idx[:, 1::2].shape[1]]
+    elif corner == "zero_len":
+        lens[::2] = 0
+    selected = idx[(idx >= 0) & ~(pos[None, :] >= lens[:, None])] if lens_mode is not None else idx[idx >= 0]
+    return idx.to(torch.int32), (lens.to(torch.int32) if lens_mode is not None else None), selected
+
+
+def filled_cache(gen, layout, block_size, num_slots, selected, kv_scale):
+    # Row scales up to ~0.5 as in FlashMLA's tests: its abs tolerance (1e-3) budgets the bf16
+    # rounding of the softmax weights, an error proportional to |V|.
+    rows = randn(gen, num_slots, 512) * (0.02 + 0.5 * torch.rand(num_slots, 1, generator=gen))
+    unselected = torch.ones(num_slots, dtype=torch.bool)
+    unselected[selected.to(torch.int64)] = False
+    rows[unselected] = float("nan")
+    return formats.pack_kv(rows, layout, block_size, kv_scale)
+
+
+def quantize_blocks(x: torch.Tensor, block_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``[..., M, K]`` -> fp8 values and power-of-two fp32 scales per ``block_rows x 128`` block
+    (``[..., ceil(M / block_rows), K / 128]``, or ``[..., M, K / 128]`` when ``block_rows == 1``)."""
+    *lead, M, K = x.shape
+    blocks = x.reshape(*lead, M // block_rows, block_rows, K // 128, 128)
+    amax = blocks.abs().amax(dim=(-3, -1)).clamp_min(1e-4)
+    scale = ue8m0_scale(amax)[0]
+    values = to_fp8(blocks / scale[..., None, :, None]).reshape(*lead, M, K)
+    return values, scale
+
+
+def key_ranges(gen, T: int, S: int, ranges: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """int64 ``ks``, ``ke`` [T] of mqa_logits: ``causal`` (one request, row t sees ``(t + 1) * S // T``
+    keys, the V4 compressed-prefix rule with ratio T / S), ``requests`` (four requests, each with its
+    own contiguous key segment and the causal rule inside it) or ``random``."""
+    t = torch.arange(T)
+    if ranges == "causal":
+        return torch.zeros(T, dtype=torch.int64), (t + 1) * S // T
+    if ranges == "requests":
+        n = min(4, T) or 1
+        q_bounds = torch.arange(n + 1) * T // n                 # query rows of request r: [q_bounds[r], q_bounds[r+1])
+        k_bounds = torch.arange(n + 1) * S // n
+        req = torch.bucketize(t, q_bounds[1:], right=True)
+        rows, keys = q_bounds[req + 1] - q_bounds[req], k_bounds[req + 1] - k_bounds[req]
+        return k_bounds[req], k_bounds[req] + (t - q_bounds[req] + 1) * keys // rows
+    ks = randint(gen, 0, S + 1, (T,))
+    return ks, ks + (torch.rand(T, generator=gen) * (S - ks + 1)).floor().long().clamp(max=S - ks)
+
+
+# ---------------------------------------------------------------------------------------------
+# Error inputs: ``(argument, change)`` pairs; ``change(kwargs)`` edits a valid call in place so that
+# the named argument is wrong.
+
+def set_args(**changes) -> Callable[[dict], None]:
+    """An error input's change: set these arguments."""
+    return lambda kwargs: kwargs.update(changes)
+
+
+def change(name: str, fn: Callable) -> Callable[[dict], None]:
+    """An error input's change: replace argument ``name`` by ``fn(kwargs[name])``."""
+    return lambda kwargs: kwargs.update({name: fn(kwargs[name])})
