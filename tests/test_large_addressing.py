@@ -6,7 +6,7 @@ import torch
 
 import dsv4ops
 from dsv4ops import formats
-from dsv4ops.conformance import compare
+from dsv4ops.ops import OPS
 from dsv4ops.sampling import cos_sin_cache
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
@@ -37,7 +37,7 @@ def test_insert_and_decode_beyond_2gb(backend):
     tail_ref = torch.zeros_like(cache[-TAIL:])
     q_ref = dsv4ops.reference.qnorm_rope_kv_insert(q.clone(), kv, pos, cs, tail_ref, local, **kw)
     if ran_insert:
-        verdict = compare.qnorm_rope_kv_insert(None, dict(kw, q=q, kv_cache=tail_ref), q_ref,
+        verdict = OPS["qnorm_rope_kv_insert"].spec.conformance.compare({}, dict(kw, q=q, kv_cache=tail_ref), q_ref,
                                                dict(kw, q=q, kv_cache=cache[-TAIL:]), q_got)
         assert verdict.ok, verdict.message
 
@@ -50,7 +50,7 @@ def test_insert_and_decode_beyond_2gb(backend):
         far = torch.where(idx >= 0, idx + base, -1)
         got = dsv4ops.sparse_mla_decode(q_ref, cache, far, **args, backend=backend)
         ref = dsv4ops.reference.sparse_mla_decode(q_ref, tail_ref, idx, **args)
-        verdict = compare.sparse_mla_decode(None, dict(args, q=q_ref), ref, {}, got)
+        verdict = OPS["sparse_mla_decode"].spec.conformance.compare({}, dict(args, q=q_ref), ref, {}, got)
         assert verdict.ok, verdict.message
 
 
@@ -72,7 +72,7 @@ def test_paged_logits_beyond_2gb(backend):
     ref_kwargs = dict(q=q, kv_cache=cache[-TAIL:].contiguous(), weights=w, context_lens=lens, block_table=table,
                       max_context_len=ctx, clean=False, out=None)
     ref = dsv4ops.reference.paged_mqa_logits(**ref_kwargs)
-    verdict = compare.paged_mqa_logits(None, ref_kwargs, ref, {}, got)
+    verdict = OPS["paged_mqa_logits"].spec.conformance.compare({}, ref_kwargs, ref, {}, got)
     assert verdict.ok, verdict.message
 
 
@@ -98,7 +98,7 @@ def test_mqa_logits_beyond_2gb(backend):
     ref_kwargs = dict(q=q, k=k[-W:].contiguous(), k_scale=k_scale[-W:].contiguous(), weights=w, ks=ks - (S - W),
                       ke=ke - (S - W), clean=False, out=None)
     ref = dsv4ops.reference.mqa_logits(**ref_kwargs)
-    verdict = compare.mqa_logits(None, ref_kwargs, ref, {}, got)
+    verdict = OPS["mqa_logits"].spec.conformance.compare({}, ref_kwargs, ref, {}, got)
     assert verdict.ok, verdict.message
 
 
@@ -132,7 +132,7 @@ def _compress_tail(dev, backend, state_blocks, cache_blocks):
                       slot_mapping=local_slots, kv_cache=ref_cache)
     dsv4ops.reference.compress_kv_insert(*args, ref_state, local_sslots, local_table, req, ref_cache, local_slots,
                                          **kw)
-    verdict = compare.compress_kv_insert(None, ref_kwargs, None,
+    verdict = OPS["compress_kv_insert"].spec.conformance.compare({}, ref_kwargs, None,
                                          dict(state_cache=state[-pages:], kv_cache=cache[-1:]), None)
     assert verdict.ok, verdict.message
 
@@ -160,5 +160,5 @@ def test_inv_rope_beyond_2gb(backend):
     a, a_scale = dsv4ops.inv_rope_fp8_quant(o, pos, cs, n_groups=G, backend=backend)
     assert a.numel() > 2**31
     ref = dsv4ops.reference.inv_rope_fp8_quant(o[-tail:], pos[-tail:], cs, n_groups=G)
-    verdict = compare.inv_rope_fp8_quant(None, {}, ref, {}, (a[-tail:], a_scale[-tail:]))
+    verdict = OPS["inv_rope_fp8_quant"].spec.conformance.compare({}, {}, ref, {}, (a[-tail:], a_scale[-tail:]))
     assert verdict.ok, verdict.message

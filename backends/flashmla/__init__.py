@@ -3,9 +3,8 @@
 Prefill reads a gathered bf16 workspace (built in prefill.py), so it serves the layouts whose
 rows dequantize exactly to bf16: fp8_ds_mla and bf16 (fp8_per_tensor has an fp8 query)."""
 import functools
+import importlib.metadata
 import inspect
-
-import torch
 
 from dsv4ops.backend_support import all_of, arch_in, import_probe, layout_in
 from dsv4ops.platform import Platform
@@ -29,33 +28,23 @@ def topk_multiple(plat: Platform, call) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _runs_on(device_index: int, op: str) -> str | None:
-    """Run one tiny call of ``op`` (sparse_mla_decode or sparse_mla_prefill, which take the same
-    arguments): some builds (sgl-flash-mla 1.0.0) load on SM90 but raise there."""
-    import importlib
+def _distribution() -> tuple[str, str] | None:
+    """(name, version) of the installed distribution that provides ``flash_mla``, if one does."""
+    names = importlib.metadata.packages_distributions().get("flash_mla", [])
+    return (names[0], importlib.metadata.version(names[0])) if names else None
 
-    from dsv4ops import formats
-    from dsv4ops.ops import OPS
 
-    module = importlib.import_module(".decode" if op == "sparse_mla_decode" else ".prefill", __name__)
-    dev = torch.device("cuda", device_index)
-    try:
-        with torch.cuda.device(dev):
-            cache = formats.allocate_kv_cache(1, 64, "fp8_ds_mla", dev)
-            idx = torch.arange(64, dtype=torch.int32, device=dev).view(1, 64)
-            getattr(module, op)(OPS[op].bind(
-                torch.zeros(1, 64, 512, dtype=torch.bfloat16, device=dev), cache, idx,
-                layout=formats.LAYOUTS["fp8_ds_mla"], block_size=64, softmax_scale=1.0))
-            torch.cuda.synchronize(dev)
-    except Exception as exc:
-        return f"the installed flash_mla cannot run {op} on this GPU ({type(exc).__name__}: {str(exc)[:120]})"
+# Builds that import on an architecture they ship no kernels for: they raise at the first call there.
+NO_KERNELS_FOR = {("sgl-flash-mla", "1.0.0"): ("sm90",)}
+
+
+def build_has_kernels(plat: Platform, call) -> str | None:
+    """Decline architectures the installed build is known to ship no kernels for (declared data: a
+    capability check launches nothing)."""
+    dist = _distribution()
+    if dist is not None and plat.arch in NO_KERNELS_FOR.get(dist, ()):
+        return f"{dist[0]} {dist[1]} ships no {plat.arch} kernels (it imports there but raises at the first call)"
     return None
-
-
-def build_runs_here(plat: Platform, call) -> str | None:
-    if plat.simulated or call.device.type != "cuda":
-        return None
-    return _runs_on(call.device.index if call.device.index is not None else torch.cuda.current_device(), call.op)
 
 
 def sparse_fwd_available(plat: Platform, call) -> str | None:
@@ -73,9 +62,9 @@ def sparse_fwd_available(plat: Platform, call) -> str | None:
 BACKEND.implements(
     "sparse_mla_prefill", "dsv4ops.backends.flashmla.prefill:sparse_mla_prefill",
     supports=all_of(arch_in("sm90", "sm100", "sm103"), layout_in("fp8_ds_mla", "bf16"), sparse_fwd_available,
-                    build_runs_here),
+                    build_has_kernels),
 )
 BACKEND.implements(
     "sparse_mla_decode", "dsv4ops.backends.flashmla.decode:sparse_mla_decode",
-    supports=all_of(arch_in("sm90", "sm100", "sm103"), layout_in("fp8_ds_mla"), topk_multiple, build_runs_here),
+    supports=all_of(arch_in("sm90", "sm100", "sm103"), layout_in("fp8_ds_mla"), topk_multiple, build_has_kernels),
 )
