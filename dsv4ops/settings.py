@@ -3,7 +3,7 @@
 The variables are read once, into an immutable ``Settings`` snapshot, when dsv4ops first needs them;
 ``reload()`` reads them again and drops every cached dispatch decision (call it after changing
 ``os.environ`` in-process; tests do). Reading the environment on every call would cost more than
-the rest of a dispatch (about 0.7 µs per variable).
+the rest of a dispatch.
 """
 from __future__ import annotations
 

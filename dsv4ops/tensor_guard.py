@@ -2,12 +2,12 @@
 
 The public functions remember the last few structures they dispatched (per op) together with a
 guard: a check, in C++, that each tensor argument has the remembered dtype, device, dispatch keys,
-``requires_grad``, sizes and strides. TorchDynamo's ``TensorGuards`` does exactly that at about a
-fifth of the cost of reading the same attributes in Python (0.1 vs 0.5 µs per tensor).
+``requires_grad``, sizes and strides. TorchDynamo's ``TensorGuards`` does exactly that, several times
+faster than reading the same attributes in Python (docs/perf/README.md, "Dispatch overhead").
 
 It is private PyTorch API, so it is used only after a self-test proves it accepts the remembered
 structure and rejects a changed dtype, size, stride or device; otherwise ``guard_for`` returns None
-and calls use the Python structure key alone (same decisions, a few µs slower).
+and calls use the Python structure key alone (same decisions, slower).
 """
 from __future__ import annotations
 

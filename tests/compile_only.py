@@ -88,7 +88,7 @@ def main(argv) -> int:
                 if declines(impl, plat, call.key):
                     continue                      # declined on that platform, as dispatch would
                 try:
-                    impl.fn(call.args)
+                    impl.bound(plat)(call.args)
                 except Exception as exc:          # a compile error names the kernel and the line
                     failures += 1
                     print(f"FAILED {op} {case.id}: {type(exc).__name__}: {str(exc)[:2000]}")

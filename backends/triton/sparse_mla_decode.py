@@ -9,7 +9,6 @@ sparse_mla_prefill (sparse_mla_prefill.py) runs the same kernels with its own ti
 """
 from __future__ import annotations
 
-import math
 
 import torch
 import triton
@@ -21,7 +20,6 @@ from dsv4ops.platform import multiprocessors
 from .common import load_scalar, scalar_arg, ue8m0_decode
 from .tuning import Target
 
-LN2 = math.log(2.0)
 
 
 @triton.jit
@@ -112,8 +110,8 @@ def _decode_kernel(
     length = _segment_length(lens_ptr, lens_s, t, topk, HAS_LENS)
     x_length = _segment_length(x_lens_ptr, x_lens_s, t, x_topk, HAS_X_LENS)
     # This program's share of the combined block list (SWA blocks, then extra blocks), one loop with a
-    # branch per block: measured faster on the H100 than one loop per segment (T=128 H=64 128+512:
-    # 83 vs 129 us, docs/perf/H100.md), whose second loop costs registers the accumulator needs.
+    # branch per block: a second loop per segment costs registers the accumulator needs, and measured
+    # slower (docs/perf/README.md, "Triton tuning on sm90").
     for i in range(0, blocks_per_split):
         b = split * blocks_per_split + i
         if b < n_main:

@@ -1,6 +1,6 @@
 """Every Triton tunable in one place, chosen per platform (vendor, arch).
 
-Values are starting points measured on the H100 (see docs/perf/); other targets inherit the
+Values are starting points measured on the H100 (docs/perf/README.md); other targets inherit the
 defaults until someone with the hardware tunes them.
 """
 from __future__ import annotations
@@ -57,20 +57,13 @@ class Tuning:
 
 
 _TABLE = {
-    # docs/perf/H100.md (sweep_decode.sh, sweep_tunables.sh): decode 64 heads x 32 rows per step,
-    # split only up to one wave (T=128 H=64: 124 -> 82 us); logits 128 tokens per program (62 -> 52 us
-    # at B=128, 8K). Top-k: pieces of up to 16384 columns select in registers, rows split down to
-    # 2048-column pieces when rows are few (H100-topk-sweep-tunables.txt: 128 x 32768 k=512 105 us,
-    # was 144 us streamed; 128 x 65536 207 us vs 504 us with 32768-column pieces; 4 x 8192 25 us);
-    # streamed blocks of 8192 on 16 warps for larger stage-2 candidate sets; 32 keys per thread
-    # (H100-sweep-topk-warps.txt: 16 / 32 / 64 keys per thread 121.8 / 104.5 / 136.0 us).
-    # sparse_mla_prefill starts from the decode tiles (not yet swept: docs/perf/sweep_tunables.sh).
-    # qnorm_rope_kv_insert: 4 heads per program on 2 warps (H100-sweep-topk-radix-insert.txt: T=128
-    # H=64 / 128 8.1 / 14.3 us, 70% / 79% of copy bandwidth; one head per program 9.3 / 16.0 us).
-    # fp8_einsum: fp8 tiles through TMA descriptors (H100-sweep-einsum-variants.txt, B=1024 H=8 R=4096 D=1024:
-    # pointers 94.7 us, TMA 80.2 us; B=128 25.9 -> 23.3 us).
-    # compress_kv_insert: C128 pooled over 32 positions per step (H100-sweep-compress.txt, 8192-token
-    # prefill: 54.9 -> 48.0 us, 70% of copy bandwidth; one program per window: 313.6 us); C4 unchanged.
+    # sm90: each choice below is the fastest variant of its sweep on the H100 (the sweeps, their
+    # artifacts and numbers: docs/perf/README.md, "Triton tuning on sm90"). Decode: 64 heads x 32 rows
+    # per step, the index list split only up to one wave; logits: 128 tokens per program; top-k:
+    # pieces of up to 16384 columns select in registers, rows split down to 2048-column pieces when
+    # rows are few, streamed blocks of 8192 on 16 warps otherwise; insert: 4 heads per program on 2
+    # warps; fp8_einsum through TMA descriptors; C128 compressor pooled over 32 positions per step.
+    # sparse_mla_prefill starts from the decode tiles (not swept yet).
     ("cuda", "sm90"): Tuning(decode_block_h=64, decode_block_k=32, decode_warps=8, decode_waves=1,
                              prefill_block_h=64, prefill_block_k=32, prefill_warps=8, prefill_stages=1,
                              einsum_block_m=64, einsum_block_n=128, einsum_stages=4, einsum_tma=1,
