@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import dsv4ops
+from dsv4ops.ops import OPS
 from dsv4ops import OP_NAMES
 from dsv4ops import selection, tensor_guard
 from dsv4ops.conformance import run_case, run_matrix, select_cases, typical_case
@@ -67,8 +68,8 @@ def test_repeated_calls_on_alternating_devices(op, validations):
 def test_meta_tensors_give_shape_only_outputs(op):
     """Meta tensors (shape inference, FakeTensor-style tracing) get the op's fake outputs: the
     shapes and dtypes a real call returns, with no backend involved; prepare() refuses them."""
-    from dsv4ops.bench import TINY, make_case
-    kw = make_case(op, "quick", **TINY[op]).build("cpu", seed=0)
+    from dsv4ops.conformance import make_case
+    kw = make_case(op, "quick", **OPS[op].spec.bench.tiny).build("cpu", seed=0)
     real = dsv4ops.dispatch(op, **kw, backend="reference")
     meta = dsv4ops.dispatch(op, **{k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
     flat = lambda r: [r] if not isinstance(r, tuple) else list(r)

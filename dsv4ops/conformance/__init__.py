@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from .cases import TIERS, Case, build_inputs, cases, typical_case
+from .cases import TIERS, Case, build_inputs, cases, make_case, typical_case
 from .runner import Result, run_case
 
 
@@ -97,5 +97,5 @@ def to_json(results: list[Result], meta: dict) -> str:
     return json.dumps(dict(meta=meta, results=result_rows(results)), indent=1)
 
 
-__all__ = ["TIERS", "LEGEND", "Cell", "Case", "Result", "build_inputs", "cases", "typical_case", "select_cases", "run_matrix", "summarize",
+__all__ = ["TIERS", "LEGEND", "Cell", "Case", "Result", "build_inputs", "cases", "make_case", "typical_case", "select_cases", "run_matrix", "summarize",
            "result_rows", "to_json", "run_case"]
