@@ -348,6 +348,11 @@ def main(args) -> int:
 
     device = default_device()
     names = args.backends
+    if device.type != "cuda" and not args.tiny and not args.overhead:
+        print(f"dsv4ops bench: the {','.join(args.shapes)} shapes are GPU-sized and there is no CUDA device here "
+              f"({device}); through the reference and the Triton interpreter they would run for hours. "
+              f"Use --tiny for a smoke run on this machine, or run on a GPU.", file=sys.stderr)
+        return 2
     if args.tiny:
         case_list = [make_case(op.name, "quick", **op.spec.bench.tiny) for op in ops.OPS.values()]
     else:

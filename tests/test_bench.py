@@ -18,6 +18,14 @@ def test_bench_smoke(tmp_path, capsys):
     assert (tmp_path / "p-indexer_topk.png").stat().st_size > 0
 
 
+def test_gpu_shapes_without_a_gpu_end_at_once(capsys):
+    """Production shapes on a machine without a CUDA device: a clear message and exit 2, not hours of
+    interpreter time."""
+    assert not torch.cuda.is_available()
+    assert main(["bench", "--shapes", "production", "--backends", "reference"]) == 2
+    assert "--tiny" in capsys.readouterr().err
+
+
 def test_bench_tiny_honours_ops(tmp_path):
     path = tmp_path / "bench.json"
     assert main(["bench", "--tiny", "--ops", "fp8_einsum", "--backends", "reference", "--json", str(path)]) == 0
