@@ -34,9 +34,10 @@ def dispatch(op_name: str, *args, **kwargs):
     return _op(op_name).function(*args, **kwargs)
 
 
-def explain(op_name: str, *args, backend: str | None = None, **kwargs) -> Decision:
-    """Which implementation would run for these arguments, and why each other one would not."""
-    return decide(_op(op_name).validate_call(*args, **kwargs), backend, evaluate_all=True)
+def explain(op_name: str, *args, backend: str | None = None, capturable: bool | None = None, **kwargs) -> Decision:
+    """Which implementation would run for these arguments, and why each other one would not
+    (``capturable=True``: as under CUDA-graph capture; None: as now)."""
+    return decide(_op(op_name).validate_call(*args, **kwargs), backend, evaluate_all=True, capturable=capturable)
 
 
 __all__ = [

@@ -20,13 +20,13 @@ from .settings import debug_enabled
 
 
 class PreparedOp:
-    def __init__(self, op, decision: Decision, call):
+    def __init__(self, op, decision: Decision, call, backend: str | None):
         self._op = op
         self.op = op.name
         self.decision = decision
         self.backend = decision.backend
         self.device = call.device
-        self._run = runner(decision.selected, call.device, decision.platform)
+        self._run = runner(decision, call.device, backend)
         self._args = call.args
         self._structure = op.structure(call.args)
 
@@ -50,8 +50,11 @@ class PreparedOp:
         return f"PreparedOp({self.op} -> {self.backend})"
 
 
-def prepare(op_name: str, *args, backend: str | None = None, **kwargs) -> PreparedOp:
-    """Validate ``op_name``'s arguments and choose its implementation once (raises like the op)."""
+def prepare(op_name: str, *args, backend: str | None = None, capturable: bool | None = None, **kwargs) -> PreparedOp:
+    """Validate ``op_name``'s arguments and choose its implementation once (raises like the op).
+
+    ``capturable=True``: choose among the implementations a CUDA graph can capture (an engine that
+    prepares before it captures); None: only while the inputs' device is capturing."""
     if op_name not in OPS:
         raise InputError(f"unknown op {op_name!r}; ops are {', '.join(OPS)}")
     op = OPS[op_name]
@@ -59,7 +62,7 @@ def prepare(op_name: str, *args, backend: str | None = None, **kwargs) -> Prepar
     if call.device.type == "meta":
         raise InputError(f"{op_name}: meta tensors have no backend to prepare; call dsv4ops.{op_name} for "
                          f"shape-only outputs")
-    decision = decide(call, backend)
+    decision = decide(call, backend, capturable=capturable)
     if decision.selected is None:
         raise UnsupportedError(decision.error)
-    return PreparedOp(op, decision, call)
+    return PreparedOp(op, decision, call, backend)

@@ -44,6 +44,7 @@ class Implementation:
     target: str | Callable
     priority: int
     supports: Check | None = None
+    cannot_capture: str | None = None      # why a CUDA graph cannot capture it (None: it can)
     _fn: Callable | None = field(default=None, repr=False)
 
     def bound(self, plat: Platform) -> Callable[[Any], Any]:
@@ -97,13 +98,14 @@ class Backend:
     _probed: tuple[bool, str | None] | None = field(default=None, repr=False)
 
     def implements(self, op: str, target: str | Callable, *, name: str | None = None, priority: int | None = None,
-                   supports: Check | None = None) -> Implementation:
+                   supports: Check | None = None, cannot_capture: str | None = None) -> Implementation:
         """Register an implementation of ``op``; ``priority`` only for backends not in the
-        priorities table (out-of-tree plugins)."""
+        priorities table (out-of-tree plugins); ``cannot_capture``: why a CUDA graph cannot capture
+        it (a host synchronization, say), so that selection skips it while a stream is capturing."""
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
             raise ConfigError(f"backend {self.name!r}: priority= must be an int, got {priority!r}")
         impl = Implementation(op, self, name or self.name, target, priorities.priority(op, self.name, priority),
-                              supports)
+                              supports, cannot_capture)
         _register(impl)
         impls = self.implementations.setdefault(op, [])
         impls[:] = [i for i in impls if i.name != impl.name] + [impl]

@@ -122,13 +122,25 @@ def _ordered(call, plat: Platform, measured: str | None) -> list[tuple[int, regi
     return sorted(ranked, key=lambda r: -r[0])
 
 
-def decide(call, backend: str | None = None, *, evaluate_all: bool = False) -> Decision:
+def capturing(device) -> bool:
+    """Whether the current stream of ``device`` is capturing a CUDA graph."""
+    if device.type != "cuda" or not torch.cuda.is_initialized():
+        return False
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
+
+
+def decide(call, backend: str | None = None, *, evaluate_all: bool = False, capturable: bool | None = None) -> Decision:
     """Pick the implementation for ``call`` without raising (the error, if any, is in the Decision).
 
     Only the wanted backends are evaluated, in order, until one accepts: a forced backend is checked
     alone, and a backend's probe runs only when it is a candidate. ``evaluate_all`` (``explain``)
-    also asks the remaining wanted ones, to report why each would or would not serve."""
+    also asks the remaining wanted ones, to report why each would or would not serve.
+    ``capturable``: choose only among implementations a CUDA graph can capture (None: only while
+    the inputs' device is capturing)."""
     plat = platform(call.device)
+    if capturable is None:
+        capturable = capturing(call.device)
     choice = env_choice(call.op)           # a malformed DSV4OPS_BACKEND is an error even when overridden
     measured = tuning_table.measured_choice(plat, call.op, call.key) if backend is None and choice is None else None
     ranked = _ordered(call, plat, measured[0] if measured else None)
@@ -146,7 +158,8 @@ def decide(call, backend: str | None = None, *, evaluate_all: bool = False) -> D
             if impl.backend.name == name:
                 if selected is not None and not evaluate_all:
                     break
-                reasons[id(impl)] = impl.decline_reason(plat, call.key)
+                reasons[id(impl)] = _capture_reason(impl) if capturable else None
+                reasons[id(impl)] = reasons[id(impl)] or impl.decline_reason(plat, call.key)
                 if reasons[id(impl)] is None and selected is None:
                     selected = impl
         if selected is not None and not evaluate_all:
@@ -181,6 +194,12 @@ def decide(call, backend: str | None = None, *, evaluate_all: bool = False) -> D
     if measured and selected is not None and selected.backend.name == measured[0]:
         source = f"tuning table {measured[1]}"
     return Decision(call.op, plat, source, selected, candidates, error)
+
+
+def _capture_reason(impl: registry.Implementation) -> str | None:
+    if impl.cannot_capture is None:
+        return None
+    return f"a CUDA graph cannot capture it ({impl.cannot_capture})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,22 +244,41 @@ registry.on_change(clear_cache)
 settings.on_reload(clear_cache)
 
 
-def choose(call, backend: str | None) -> Decision:
+def choose(call, backend: str | None, capturable: bool | None = None) -> Decision:
     """The decision for ``call``; raises UnsupportedError when no implementation can serve it."""
-    decision = decide(call, backend)
+    decision = decide(call, backend, capturable=capturable)
     if decision.selected is None:
         raise UnsupportedError(decision.error)
     return decision
 
 
-def runner(impl: registry.Implementation, device, plat: Platform) -> Callable[[Any], Any]:
-    """``impl`` bound to ``plat`` and the inputs' device (and sampled by ``DSV4OPS_VERIFY`` when it
-    is on): what a fast-table hit calls with the typed args."""
+def runner(decision: Decision, device, backend: str | None = None) -> Callable[[Any], Any]:
+    """The decision's implementation bound to its platform and the inputs' device (and sampled by
+    ``DSV4OPS_VERIFY`` when it is on): what a fast-table hit calls with the typed args. One that a
+    CUDA graph cannot capture hands calls made while the device is capturing to the implementation
+    chosen among the capturable ones (``backend``: the call's ``backend=``, which stays forced)."""
+    impl = decision.selected
     check = settings.current().verify
-    fn = impl.bound(plat)
+    fn = impl.bound(decision.platform)
     if check.enabled:
         fn = verify.wrap(impl.op, fn, check.rate, check.action, backend=impl.backend.name, dump_dir=check.dump_dir)
+    if impl.cannot_capture is not None and device.type == "cuda":
+        fn = _outside_capture(registry.get_op(impl.op), fn, device, backend)
     return bound_to(device, fn)
+
+
+def _outside_capture(op, fn: Callable[[Any], Any], device, backend: str | None) -> Callable[[Any], Any]:
+    """``fn``, except while the (current) device's stream is capturing: then the capturable choice."""
+    under_capture: list[Callable[[Any], Any]] = []
+
+    def run(args):
+        if not capturing(device):
+            return fn(args)
+        if not under_capture:
+            under_capture.append(runner(choose(op.validate(args), backend, capturable=True), device, backend))
+        return under_capture[0](args)
+
+    return run
 
 
 def skips_validation(device) -> bool:
@@ -257,8 +295,7 @@ def dispatch(op, args, backend: str | None, key: tuple | None = None) -> Any:
         return op.spec.fake(call.args)
     cached = _decisions.get((op.name, key)) if key is not None else None
     if cached is None:
-        decision = choose(call, backend)
-        run = runner(decision.selected, call.device, decision.platform)
+        run = runner(choose(call, backend, capturable=False), call.device, backend)   # runner() handles capture
         if key is not None:
             fast = skips_validation(call.device)
             guard = tensor_guard.guard_for(op.guarded(args)) if fast else None

@@ -4,7 +4,8 @@ the step vLLM performs with ``dequantize_and_gather_k_cache`` before calling the
 
 Only the cache pages that some selected entry points into are dequantized, so the cost follows what
 the call reads, not the cache size; counting those pages is one host synchronization, so these
-implementations cannot be captured in a CUDA graph (they say so instead of failing the capture).
+implementations cannot be captured in a CUDA graph: they register ``cannot_capture=CANNOT_CAPTURE``,
+and selection passes them over while a stream is capturing.
 """
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ import torch
 
 from . import formats
 from .errors import UnsupportedError
+
+# Why an implementation built on the workspace cannot be captured (its registration's cannot_capture).
+CANNOT_CAPTURE = "the gathered workspace is sized on the host: one synchronization per call"
 
 
 def selected_mask(indices: torch.Tensor, lens: torch.Tensor | None) -> torch.Tensor:
@@ -48,8 +52,8 @@ def gather_workspace(a, align: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     select (-1, or past its length), padded with -1 to a multiple of ``align`` columns.
     """
     if a.q.is_cuda and torch.cuda.is_current_stream_capturing():
-        raise UnsupportedError("the gathered workspace is sized on the host (one sync per call), which a CUDA "
-                               "graph capture cannot do; capture an implementation that reads the caches")
+        raise UnsupportedError(f"{CANNOT_CAPTURE}, which a CUDA graph capture cannot do; capture an "
+                               f"implementation that reads the caches")
     segments = [(a.kv_cache, a.block_size, a.indices, a.topk_lens)]
     if a.extra_kv_cache is not None:
         segments.append((a.extra_kv_cache, a.extra_block_size, a.extra_indices, a.extra_topk_lens))

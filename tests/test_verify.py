@@ -156,8 +156,9 @@ def test_dispatch_verifies_when_the_setting_is_on(env, broken, tmp_path):
     """End to end: DSV4OPS_VERIFY makes plain and prepared calls verify; off, dispatch runs the
     implementation itself (nothing wrapped, nothing to pay)."""
     kw = make_case("indexer_topk", **TOPK).build("cpu", 0)
-    honest = registry.get_backend("honest").implementations["indexer_topk"][0]
-    assert dsv4ops.selection.runner(honest, torch.device("cpu"), dsv4ops.platform("cpu")) is honest.fn
+    call = OPS["indexer_topk"].validate_call(**kw)
+    decision = dsv4ops.selection.choose(call, "honest")
+    assert dsv4ops.selection.runner(decision, call.device) is decision.selected.fn
     dsv4ops.indexer_topk(**kw, backend="broken")                    # off: the wrong result goes through
     env(DSV4OPS_VERIFY=f"1,raise,dump={tmp_path}")
     with pytest.raises(VerificationError, match="indexer_topk on broken differs"):

@@ -35,6 +35,7 @@ import importlib
 import importlib.metadata
 import inspect
 
+from dsv4ops import workspace
 from dsv4ops.backend_support import all_of, arch_in
 from dsv4ops.formats import LAYOUTS
 from dsv4ops.platform import Platform
@@ -184,7 +185,7 @@ _P = "dsv4ops.backends.aiter.ops"
 BACKEND.implements("sparse_mla_decode", f"{_P}:sparse_mla_decode",
                    supports=all_of(arch_in("gfx942", "gfx950"), decode_inputs))
 BACKEND.implements("sparse_mla_prefill", "dsv4ops.backends.aiter.prefill:sparse_mla_prefill",
-                   supports=all_of(arch_in("gfx950"), prefill_inputs))
+                   supports=all_of(arch_in("gfx950"), prefill_inputs), cannot_capture=workspace.CANNOT_CAPTURE)
 BACKEND.implements("mqa_logits", "dsv4ops.backends.aiter.mqa_logits:mqa_logits",
                    supports=all_of(arch_in("gfx942", "gfx950"), mqa_logits_inputs))
 BACKEND.implements("indexer_topk", f"{_P}:indexer_topk",

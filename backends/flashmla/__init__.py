@@ -6,6 +6,7 @@ import functools
 import importlib.metadata
 import inspect
 
+from dsv4ops import workspace
 from dsv4ops.backend_support import all_of, arch_in, import_probe, layout_in
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
@@ -63,6 +64,7 @@ BACKEND.implements(
     "sparse_mla_prefill", "dsv4ops.backends.flashmla.prefill:sparse_mla_prefill",
     supports=all_of(arch_in("sm90", "sm100", "sm103"), layout_in("fp8_ds_mla", "bf16"), sparse_fwd_available,
                     build_has_kernels),
+    cannot_capture=workspace.CANNOT_CAPTURE,
 )
 BACKEND.implements(
     "sparse_mla_decode", "dsv4ops.backends.flashmla.decode:sparse_mla_decode",
