@@ -57,14 +57,14 @@ class Tuning:
 
 
 _TABLE = {
-    # docs/perf/H100.md (sweep_decode.sh, sweep_tunables.sh): decode 64 heads x 32 rows per step,
+    # docs/perf/H100.md (tools/sweep_decode.sh, tools/sweep_tunables.sh): decode 64 heads x 32 rows per step,
     # split only up to one wave (T=128 H=64: 124 -> 82 us); logits 128 tokens per program (62 -> 52 us
     # at B=128, 8K). Top-k: pieces of up to 16384 columns select in registers, rows split down to
     # 2048-column pieces when rows are few (H100-topk-sweep-tunables.txt: 128 x 32768 k=512 105 us,
     # was 144 us streamed; 128 x 65536 207 us vs 504 us with 32768-column pieces; 4 x 8192 25 us);
     # streamed blocks of 8192 on 16 warps for larger stage-2 candidate sets; 32 keys per thread
     # (H100-sweep-topk-warps.txt: 16 / 32 / 64 keys per thread 121.8 / 104.5 / 136.0 us).
-    # sparse_mla_prefill starts from the decode tiles (not yet swept: docs/perf/sweep_tunables.sh).
+    # sparse_mla_prefill starts from the decode tiles (not yet swept: tools/sweep_tunables.sh).
     # qnorm_rope_kv_insert: 4 heads per program on 2 warps (H100-sweep-topk-radix-insert.txt: T=128
     # H=64 / 128 8.1 / 14.3 us, 70% / 79% of copy bandwidth; one head per program 9.3 / 16.0 us).
     # fp8_einsum: fp8 tiles through TMA descriptors (H100-sweep-einsum-variants.txt, B=1024 H=8 R=4096 D=1024:
