@@ -113,7 +113,7 @@ def _decode_kernel(
     x_length = _segment_length(x_lens_ptr, x_lens_s, t, x_topk, HAS_X_LENS)
     # This program's share of the combined block list (SWA blocks, then extra blocks), one loop with a
     # branch per block: measured faster on the H100 than one loop per segment (T=128 H=64 128+512:
-    # 83 vs 129 us, docs/perf/H100.md), whose second loop costs registers the accumulator needs.
+    # 83 vs 129 us, docs/perf/README.md), whose second loop costs registers the accumulator needs.
     for i in range(0, blocks_per_split):
         b = split * blocks_per_split + i
         if b < n_main:

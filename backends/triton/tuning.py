@@ -57,7 +57,7 @@ class Tuning:
 
 
 _TABLE = {
-    # docs/perf/H100.md (tools/sweep_decode.sh, tools/sweep_tunables.sh): decode 64 heads x 32 rows per step,
+    # docs/perf/README.md (tools/sweep_decode.sh, tools/sweep_tunables.sh): decode 64 heads x 32 rows per step,
     # split only up to one wave (T=128 H=64: 124 -> 82 us); logits 128 tokens per program (62 -> 52 us
     # at B=128, 8K). Top-k: pieces of up to 16384 columns select in registers, rows split down to
     # 2048-column pieces when rows are few (H100-topk-sweep-tunables.txt: 128 x 32768 k=512 105 us,
