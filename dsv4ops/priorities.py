@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 PRIORITY = {
-    "flashmla": 100, "deepgemm": 100,        # vendor kernels measured fastest on SM90 (docs/perf/H100.md)
+    "flashmla": 100, "deepgemm": 100,        # vendor kernels measured fastest on SM90 (docs/perf/README.md)
     "flashinfer": 90, "deepselect": 90, "aiter": 80, "xpu": 80,
     "triton": 50,                            # portable: any Triton target
     "reference": 0,                          # the definition of correct; last resort
@@ -39,7 +39,7 @@ PREFERENCES = (
     Preference(
         "sparse_mla_decode", ("cuda", "sm90"), prefer="triton", over="flashmla",
         when=lambda key: key.q.shape[1] <= 16 and key.size_class <= 8,
-        evidence="H100 sweep (docs/perf/H100.md): with H <= 16 heads FlashMLA pads to 64 and the Triton "
+        evidence="H100 sweep (docs/perf/README.md): with H <= 16 heads FlashMLA pads to 64 and the Triton "
                  "kernel is 1.0-1.5x faster up to T = 128 tokens (0.8x at T = 512)"),
     Preference(
         "paged_mqa_logits", ("cuda", "sm90"), prefer="triton", over="deepgemm",

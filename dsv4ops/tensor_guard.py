@@ -3,7 +3,7 @@
 The public functions remember the last few structures they dispatched (per op) together with a
 guard: a check, in C++, that each tensor argument has the remembered dtype, device, dispatch keys,
 ``requires_grad``, sizes and strides. TorchDynamo's ``TensorGuards`` does exactly that, several times
-faster than reading the same attributes in Python (docs/perf/README.md, "Dispatch overhead").
+faster than reading the same attributes in Python (docs/perf/README.md, "Decode step and dispatch overhead").
 
 It is private PyTorch API, so it is used only after a self-test proves it accepts the remembered
 structure and rejects a changed dtype, size, stride or device; otherwise ``guard_for`` returns None

@@ -111,7 +111,7 @@ def _decode_kernel(
     x_length = _segment_length(x_lens_ptr, x_lens_s, t, x_topk, HAS_X_LENS)
     # This program's share of the combined block list (SWA blocks, then extra blocks), one loop with a
     # branch per block: a second loop per segment costs registers the accumulator needs, and measured
-    # slower (docs/perf/README.md, "Triton tuning on sm90").
+    # slower (docs/perf/README.md, "Triton defaults on sm90").
     for i in range(0, blocks_per_split):
         b = split * blocks_per_split + i
         if b < n_main:

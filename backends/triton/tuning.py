@@ -58,7 +58,7 @@ class Tuning:
 
 _TABLE = {
     # sm90: each choice below is the fastest variant of its sweep on the H100 (the sweeps, their
-    # artifacts and numbers: docs/perf/README.md, "Triton tuning on sm90"). Decode: 64 heads x 32 rows
+    # artifacts and numbers: docs/perf/README.md, "Triton defaults on sm90"). Decode: 64 heads x 32 rows
     # per step, the index list split only up to one wave; logits: 128 tokens per program; top-k:
     # pieces of up to 16384 columns select in registers, rows split down to 2048-column pieces when
     # rows are few, streamed blocks of 8192 on 16 warps otherwise; insert: 4 heads per program on 2

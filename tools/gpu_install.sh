@@ -1,4 +1,4 @@
-# Sourced by the GPU scripts (docs/gpu_run.sh, docs/gpu_multi.sh) from the repo root: builds a
+# Sourced by the GPU scripts (tools/gpu_run.sh, tools/gpu_multi.sh) from the repo root: builds a
 # dsv4ops wheel from this checkout, installs it with the carried vendor wheels (.whl/) into
 # /tmp/site, and leaves the shell in /tmp so the installed wheel (with its entry points) is imported.
 rm -rf build ./*.egg-info /tmp/dsv4ops-wheel /tmp/site     # a stale build/lib would shadow this checkout

@@ -2,10 +2,10 @@
 # Multi-GPU device test (two GPUs): every op with its tensors on a GPU other than the current one.
 # Installs the carried vendor wheels (.whl/) and this checkout, then runs tests/test_devices.py (the quick
 # conformance tier on cuda:1 with cuda:0 current and the reverse, every available backend) and the same
-# through the CLI. From the repo root:  bash docs/gpu_multi.sh OUTDIR
+# through the CLI. From the repo root:  bash tools/gpu_multi.sh OUTDIR
 set -uo pipefail
 out=${1:-/tmp/out}; mkdir -p "$out"; repo=$PWD
-source "$repo/docs/gpu_install.sh"
+source "$repo/tools/gpu_install.sh"
 { nvidia-smi -L; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
   python3 -m dsv4ops.cli info | head -12 || true; } 2>&1 | tee "$out/multi_gpu_info.txt"
 python3 -m pytest -v -p no:cacheprovider "$repo/tests/test_devices.py" 2>&1 | tail -15 | tee "$out/multi_gpu_pytest.txt"

@@ -2,7 +2,7 @@
 times ops (rotating buffers over twice the L2, one CUDA graph), next to the 1 GiB copy that sets the
 bench's bandwidth ceiling. A copy of the insert's query bytes is the fastest the insert could run.
 
-    python3 docs/perf/copy_at_size.py        (on the GPU machine, after docs/gpu_install.sh)
+    python3 tools/copy_at_size.py        (on the GPU machine, after tools/gpu_install.sh)
 """
 import torch
 

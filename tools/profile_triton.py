@@ -1,5 +1,5 @@
 """Run each Triton kernel at a production shape twice (warm-up, then the profiled launch), for
-``ncu`` (see docs/perf/profile.sh). Usage: [OPS=op,op] python docs/perf/profile_triton.py"""
+``ncu`` (see tools/profile.sh). Usage: [OPS=op,op] python tools/profile_triton.py"""
 import os
 
 import torch

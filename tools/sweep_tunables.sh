@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sweep the Triton einsum / top-k / logits / prefill / mqa / insert / compress tunables on the production shapes (after
-# docs/gpu_run.sh installed the wheels): PYTHONPATH=/tmp/site bash docs/perf/sweep_tunables.sh LOG [SECTION...]
+# tools/gpu_run.sh installed the wheels): PYTHONPATH=/tmp/site bash tools/sweep_tunables.sh LOG [SECTION...]
 # (sections: einsum topk logits prefill mqa insert compress; default all; also einsum-variants topk-warps).
 log=${1:-/tmp/sweep_tunables.txt}; shift
 sections=" ${*:-einsum topk logits prefill mqa insert compress} "
@@ -18,8 +18,8 @@ want einsum && for c in einsum_block_m=64,einsum_block_n=128,einsum_warps=4,eins
          einsum_block_m=64,einsum_block_n=128,einsum_warps=4,einsum_stages=3; do run fp8_einsum $c; done
 # fp8_einsum loads (B=1024 H=8 R=4096 D=1024 among the production cases): pointer loads or TMA descriptors (the sm90
 # default since session 6); 64 x 128 tiles, 4 warps unless named. Session 6 also measured two K steps per
-# iteration, a warp-specialized K loop and persistent programs: none faster, removed (H100-sweep-einsum-variants.txt,
-# H100-sweep-einsum-tma.txt).
+# iteration, a warp-specialized K loop and persistent programs: none faster, removed (docs/perf/H100-sweep-einsum-variants.txt,
+# docs/perf/H100-sweep-einsum-tma.txt).
 want einsum-variants && for c in einsum_tma=0 einsum_tma=1 einsum_tma=1,einsum_stages=3 einsum_tma=1,einsum_stages=5 \
          einsum_tma=1,einsum_block_m=128,einsum_warps=8; do run fp8_einsum $c; done
 # top-k: the longest resident piece (rows split to fill the GPU)

@@ -9,12 +9,12 @@
 # .whl/ holds the vendor wheels (fetched where there is network with `python3 -m pip download --no-deps
 # --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl
 # tokenspeed-flashmla==1.0.0.post20260615 tokenspeed-deepgemm==2.5.0.post20260604`). From the repo root:
-#   STAGES="check bench" bash docs/gpu_run.sh OUTDIR
+#   STAGES="check bench" bash tools/gpu_run.sh OUTDIR
 set -uo pipefail
 out=${1:-/tmp/out}; mkdir -p "$out"; repo=$PWD
 stages=" ${STAGES:-check bench overhead tune pytest example} "
 has() { [[ "$stages" == *" $1 "* ]]; }
-source "$repo/docs/gpu_install.sh"
+source "$repo/tools/gpu_install.sh"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -m dsv4ops.cli info; } 2>&1 | tee "$out/info.txt"
 tag=${CHECK_OPS:+-${CHECK_OPS//,/-}}                 # CHECK_OPS=a,b: only those ops (a run split over calls)
 has check && python3 -m dsv4ops.cli check --tier full --backends triton,flashmla,deepgemm ${CHECK_OPS:+--ops $CHECK_OPS} \
@@ -45,5 +45,5 @@ has example && $step auto triton "sparse_mla_decode=flashmla,paged_mqa_logits=de
 has example && python3 -m dsv4ops.examples.layer --device cuda --time --settings auto triton \
   "sparse_mla_decode=flashmla,sparse_mla_prefill=flashmla,paged_mqa_logits=deepgemm,mqa_logits=deepgemm,fp8_einsum=deepgemm,*=triton" \
   2>&1 | tee "$out/layer.txt"
-has sweep && bash "$repo/docs/perf/sweep_decode.sh" "$out/sweep_decode.txt"
+has sweep && bash "$repo/tools/sweep_decode.sh" "$out/sweep_decode.txt"
 exit 0

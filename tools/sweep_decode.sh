@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sweep the Triton decode tunables on the anchor shapes (one line per config and shape).
-# Run after docs/gpu_run.sh has installed the wheels: PYTHONPATH=/tmp/site bash docs/perf/sweep_decode.sh LOG
+# Run after tools/gpu_run.sh has installed the wheels: PYTHONPATH=/tmp/site bash tools/sweep_decode.sh LOG
 log=${1:-/tmp/sweep.txt}
 for cfg in decode_block_h=32,decode_block_k=32,decode_warps=8 \
            decode_block_h=64,decode_block_k=32,decode_warps=8 \
