@@ -8,7 +8,7 @@ width padded to a multiple of 128, FlashMLA's widest index tile), as vLLM's Flas
 is not passed: the -1 entries already encode the lengths, and FlashMLA may leak NaN from rows past a
 length (its docstring). Heads are padded to 64 / 128 (zero queries, -inf sinks) and sliced off.
 ``max_logits`` is not part of the contract and is dropped; FlashMLA's lse is natural-log, sink
-excluded, +inf for lonely rows (tests/ref.py), which is ours.
+excluded, +inf for lonely rows (FlashMLA's own tests/ref.py), which is ours.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Render conformance JSON artifacts (``dsv4ops check --json``) as Markdown, and the
-"verified where" table from all of them: ``python -m dsv4ops.conformance.report docs/conformance``."""
+"""The "verified where" table (docs/verified.md) from the conformance JSON artifacts (``dsv4ops check
+--json``) of a folder: ``python -m dsv4ops.conformance.report docs/conformance``."""
 from __future__ import annotations
 
 import json
@@ -7,25 +7,7 @@ import sys
 from pathlib import Path
 
 from .._table import render_table
-from . import LEGEND, summarize
-
-
-def render(data: dict) -> str:
-    meta, results = data["meta"], data["results"]
-    cells = summarize(results)
-    backends = sorted({b for b, _ in cells})
-    ops = list(dict.fromkeys(r["op"] for r in results))
-    rows = [(b, *(cells[(b, op)].text if (b, op) in cells else "-" for op in ops)) for b in backends]
-    libs = ", ".join(f"{v}" for v in meta.get("libraries", {}).values())
-    lines = [f"# Conformance on {meta['device']}", "",
-             f"- date: {meta['date']}", f"- platform: {meta['platform']}", f"- tier: {meta['tier']}, seed {meta['seed']}",
-             f"- libraries: {libs}", f"- command: `{meta['command']}`", "",
-             LEGEND, "",
-             "```", render_table(("backend", *ops), rows), "```"]
-    failures = [r for r in results if r["status"] in ("fail", "error")]
-    if failures:
-        lines += ["", "## Failures", ""] + [f"- {r['backend']} `{r['case']}`: {r['message']}" for r in failures]
-    return "\n".join(lines) + "\n"
+from . import summarize
 
 
 def verified_table(folder: Path) -> str:
@@ -74,8 +56,6 @@ xpu         indexer_topk          fake                     torch.ops._C.top_k_pe
 
 def main(argv=None) -> int:
     folder = Path((argv or sys.argv[1:] or ["docs/conformance"])[0])
-    for path in sorted(folder.glob("*.json")):
-        path.with_suffix(".md").write_text(render(json.loads(path.read_text())))
     (folder.parent / "verified.md").write_text(verified_table(folder))
     return 0
 

@@ -1,6 +1,6 @@
 """Fake of the FlashMLA entry point that backends/flashmla/prefill.py calls, written from FlashMLA's
 source (deepseek-ai/FlashMLA commit 02fe0d02e83f15ae5a049cc4acc009a50553e64c:
-``flash_mla/flash_mla_interface.py::flash_mla_sparse_fwd``, and ``tests/ref.py::ref_sparse_attn_fwd``
+``flash_mla/flash_mla_interface.py::flash_mla_sparse_fwd``, and FlashMLA's ``tests/ref.py::ref_sparse_attn_fwd``
 at commit a123d0b0191e0da7aa1e044f8644e0989cc63220 for what it computes). The parameter list is the
 one users have installed, tokenspeed-flashmla 1.0.0.post20260615 (checked against the wheel on the
 H100: FlashMLA's main branch has since added an optional ``indexer_topk=0``, which the adapter does
