@@ -49,8 +49,6 @@ def check(c: Checker, a):
     c.float_arg("eps", a.eps, positive=True)
     c.in_range("positions", a.positions, 0, a.cos_sin_cache.shape[0], what="positions (rows of cos_sin_cache)")
     c.in_range("state_slot_mapping", a.state_slot_mapping, None, n_state_slots, what="state slots (negative = skip)")
-    c.in_range("slot_mapping", a.slot_mapping, None, a.kv_cache.shape[0] * a.block_size,
-               what="slots (negative = skip)")
     c.in_range("token_to_req", a.token_to_req, 0, a.state_block_table.shape[0], what="request ids")
     c.in_range("state_block_table", a.state_block_table, 0, a.state_cache.shape[0], what="state block ids")
     if n and c.values_checked(a.positions):
@@ -58,6 +56,10 @@ def check(c: Checker, a):
         pages = a.positions[:n][live] // a.state_cache.shape[1]
         c.in_range("positions", pages, None, a.state_block_table.shape[1],
                    what="state pages (position // state_block_size, within state_block_table's width)")
+        completes = live & ((a.positions[:n] + 1) % a.ratio == 0)       # the only slots the op reads
+        c.in_range("slot_mapping", a.slot_mapping[completes], None, a.kv_cache.shape[0] * a.block_size,
+                   what="slots of the entries these tokens complete (negative = skip; the other tokens' "
+                        "values are not read)")
     return a._replace(layout=layout)
 
 
@@ -132,23 +134,40 @@ def inputs(device, gen, *, layout, ratio, block_size, reqs=(), decode=0, pad=0, 
     return to_device(kwargs, device)
 
 
+RESIDUES = {4: (0, 1, 2, 3), 128: (0, 1, 63, 64, 127)}      # prompt lengths mod ratio users hit
+
+
+def residue_cases(tier: str):
+    """Every residue of the prompt length mod the ratio, in one call (requests of ``base + r``
+    tokens) and split (``base + r`` tokens compressed by earlier calls, then more in this one)."""
+    for layout, ratio, bs in (("fp8_ds_mla", 4, 4 if tier == "quick" else C4_BLOCK), ("index_fp8", 4, 8),
+                              ("fp8_ds_mla", 128, C128_BLOCK)):
+        base = (12 if ratio == 4 else 128) if tier == "quick" else (57344 if ratio == 4 else 8192)
+        residues = RESIDUES[ratio]
+        yield dict(layout=layout, ratio=ratio, reqs=tuple((0, base + r) for r in residues), block_size=bs)
+        yield dict(layout=layout, ratio=ratio, reqs=tuple((base + r, ratio + 2) for r in residues), block_size=bs)
+
+
 def cases(tier: str):
+    """Both tiers: empty calls, partial windows carried across calls, padding, skipped slots, decode
+    batches, and every prompt-length residue in one call and split."""
+    yield from residue_cases(tier)
     if tier == "quick":
         yield dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 0),), block_size=4)
         yield dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 9), (5, 1), (7, 1), (30, 6)), block_size=4,
-                        pad=1, dp_pad=1)
+                   pad=1, dp_pad=1)
         yield dict(layout="index_fp8", ratio=4, reqs=((2, 7), (11, 1), (0, 4)), block_size=8,
-                        skip_slot=True, dtype=torch.bfloat16)
+                   skip_slot=True, dtype=torch.bfloat16)
         yield dict(layout="fp8_ds_mla", ratio=128, reqs=((100, 30), (127, 1), (0, 3)),
-                        block_size=C128_BLOCK)
+                   block_size=C128_BLOCK)
         yield dict(layout="fp8_ds_mla", ratio=4, decode=6, block_size=4)
         return
     for layout, ratio, bs in (("fp8_ds_mla", 4, C4_BLOCK), ("index_fp8", 4, C4_BLOCK), ("fp8_ds_mla", 128, C128_BLOCK)):
         yield dict(layout=layout, ratio=ratio, decode=128, block_size=bs)   # 128 decode requests
         yield dict(layout=layout, ratio=ratio, reqs=((0, 1500), (513, 700), (4093, 3)),
-                        block_size=bs, pad=5, dp_pad=3)                  # prefill chunks
+                   block_size=bs, pad=5, dp_pad=3)                  # prefill chunks
     yield dict(layout="fp8_ds_mla", ratio=4, reqs=((8, 4), (0, 8192)), block_size=C4_BLOCK,
-                    dtype=torch.bfloat16, skip_slot=True)
+               dtype=torch.bfloat16, skip_slot=True)
 
 
 def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:

@@ -15,6 +15,8 @@ from ..sampling import change, randint, randn, set_args, to_device
 from ..shapes import INDEX_TOPK
 from ..tolerance import Collector, Verdict, topk_selection
 
+PLATEAU = 2048                  # equal keys around rank k in the "plateau" data family
+
 
 def check(c: Checker, a):
     c.tensor("logits", a.logits, dtype=torch.float32, shape=("R", "W"), anchor=True)
@@ -57,7 +59,12 @@ def fake(a):
 # Conformance: sample inputs, cases, comparison rule, error inputs, bench shapes
 
 def inputs(device, gen, *, R, W, k, mode="ranges", next_n=1, data="random", corner=None, out=False,
-                 column_major=False):
+           column_major=False):
+    """``data``: "random", "ties" (integers 0-5), "neg_inf" (half -inf), "heavy_tail", "bf16"
+    (bf16-rounded), "plateau" (up to 2048 equal keys straddling rank k), "nonfinite" (NaN and +inf
+    inside the rows, NaN / +inf garbage past their ends); ``corner``: "empty" (every other row
+    empty), "all_empty" (every row). Columns outside a row's range hold +inf (a backend that ignores
+    the range picks them)."""
     logits = randn(gen, R, W)
     if data == "ties":
         logits = randint(gen, 0, 6, (R, W)).to(torch.float32)
@@ -67,6 +74,16 @@ def inputs(device, gen, *, R, W, k, mode="ranges", next_n=1, data="random", corn
         logits = torch.exp(logits * 3)
     elif data == "bf16":                        # 8 significant bits: long runs of equal values
         logits = logits.to(torch.bfloat16).to(torch.float32)
+    elif data == "plateau":                     # k - P/2 keys above a run of P equal keys
+        above = max(0, k - PLATEAU // 2)
+        run = min(PLATEAU, max(W - above, 0))
+        order = torch.stack([torch.randperm(W, generator=gen) for _ in range(R)]) if R else torch.empty(0, W).long()
+        logits.scatter_(1, order[:, :above], 10 + torch.rand(R, above, generator=gen))
+        logits.scatter_(1, order[:, above:above + run], torch.full((R, run), 5.0))
+    elif data == "nonfinite":
+        odd = torch.rand(R, W, generator=gen)
+        logits[odd < 0.05] = float("nan")
+        logits[(odd >= 0.05) & (odd < 0.1)] = float("inf")
     kwargs = dict(logits=logits, k=k)
     if mode == "ranges":
         starts = randint(gen, 0, max(W // 4, 1), (R,))
@@ -74,6 +91,8 @@ def inputs(device, gen, *, R, W, k, mode="ranges", next_n=1, data="random", corn
         ends = ends.clamp(max=W)
         if corner == "empty":
             ends[::2] = starts[::2]
+        elif corner == "all_empty":
+            ends = starts.clone()
         kwargs.update(row_starts=starts.to(torch.int32), row_ends=ends.to(torch.int32))
         starts_e, ends_e = starts, ends
     else:
@@ -81,6 +100,8 @@ def inputs(device, gen, *, R, W, k, mode="ranges", next_n=1, data="random", corn
         lens = randint(gen, 0, W + 1, (B,))
         if corner == "empty":
             lens[::2] = 0
+        elif corner == "all_empty":
+            lens[:] = 0
         if mode == "decode2d":
             lens = (lens[:, None] - next_n + torch.arange(next_n) + 1).clamp_min(0)
         kwargs.update(seq_lens=lens.to(torch.int32), next_n=next_n)
@@ -89,6 +110,8 @@ def inputs(device, gen, *, R, W, k, mode="ranges", next_n=1, data="random", corn
     cols = torch.arange(W)
     outside = (cols < starts_e[:, None]) | (cols >= ends_e[:, None])
     logits[outside] = float("inf")              # a backend that ignores the range picks these
+    if data == "nonfinite":                     # garbage past the ends: NaN in every other column
+        logits[outside & (cols % 2 == 0)] = float("nan")
     if column_major:                            # the op accepts any strides
         kwargs["logits"] = logits.t().contiguous().t()
     if out:
@@ -97,24 +120,35 @@ def inputs(device, gen, *, R, W, k, mode="ranges", next_n=1, data="random", corn
 
 
 def cases(tier: str):
+    """Both tiers: every form and data family, ties and plateaus at the threshold, non-finite values
+    inside rows and garbage past their ends, empty and all-empty rows, next_n up to 8, k > W."""
     if tier == "quick":
         yield dict(R=0, W=64, k=16)
         yield dict(R=4, W=0, k=16, mode="decode2d", next_n=2)                # no column: all -1
         for mode, data in itertools.product(("ranges", "decode1d", "decode2d"), ("random", "ties", "neg_inf")):
             yield dict(R=6, W=300, k=64, mode=mode, next_n=2 if mode != "ranges" else 1, data=data,
-                        out=data == "ties")
-        for data in ("heavy_tail", "bf16"):
+                       out=data == "ties")
+        for data in ("heavy_tail", "bf16", "plateau", "nonfinite"):
             yield dict(R=4, W=300, k=64, mode="ranges", data=data)
+        yield dict(R=4, W=600, k=128, mode="decode2d", data="plateau")
         yield dict(R=4, W=50, k=64, mode="ranges", corner="empty")         # k > W
         yield dict(R=4, W=128, k=32, mode="decode1d", next_n=2, corner="empty")
+        yield dict(R=4, W=128, k=32, mode="decode2d", next_n=2, corner="all_empty", data="nonfinite")
+        for mode in ("decode1d", "decode2d"):
+            yield dict(R=16, W=100, k=16, mode=mode, next_n=8)
         yield dict(R=5, W=200, k=16, mode="ranges", column_major=True)
         return
     for model, k in INDEX_TOPK.items():
         for mode, next_n in (("decode2d", 1), ("decode2d", 2), ("decode1d", 2), ("ranges", 1)):
             yield dict(R=128, W=32768, k=k, mode=mode, next_n=next_n)
-        for data in ("ties", "heavy_tail", "bf16"):
+        for data in ("ties", "heavy_tail", "bf16", "plateau", "nonfinite"):
             yield dict(R=64, W=8192, k=k, mode="decode2d", data=data)
         yield dict(R=64, W=4096, k=k, mode="ranges", data="neg_inf", corner="empty")
+    for data in ("random", "ties", "bf16", "plateau"):                  # the largest k users run
+        yield dict(R=32, W=32768, k=2048, mode="ranges", data=data)
+    for next_n in range(3, 9):
+        yield dict(R=16 * next_n, W=16384, k=512, mode="decode1d", next_n=next_n)
+    yield dict(R=64, W=8192, k=512, mode="decode2d", next_n=2, corner="all_empty", data="nonfinite")
     yield dict(R=32, W=700, k=1024, mode="ranges")                       # k > W
 
 

@@ -36,6 +36,13 @@ def check(c: Checker, a):
     c.in_range("ks", a.ks, 0, S + 1, what=f"range starts (at most the key count S={S})")
     c.in_range("ke", a.ke, 0, S + 1, what=f"range ends (at most the key count S={S})")
     c.not_above("ks", a.ks, "ke", a.ke)
+    if S and T and c.values_checked(a.k_scale):         # keys no row's range covers are never read
+        edges = torch.zeros(S + 1, dtype=torch.int64, device=a.ks.device)
+        edges.index_add_(0, a.ks.long(), torch.ones_like(a.ks, dtype=torch.int64))
+        edges.index_add_(0, a.ke.long(), -torch.ones_like(a.ke, dtype=torch.int64))
+        covered = edges.cumsum(0)[:S] > 0
+        c.finite_positive("k_scale", a.k_scale[covered.to(a.k_scale.device)],
+                          what="scales of the keys some row's [ks, ke) covers")
     return a
 
 
@@ -78,7 +85,7 @@ def cases(tier: str):
         yield dict(T=3, S=0, H=4, clean=True)
         for ranges, clean in itertools.product(("causal", "requests", "random"), (False, True)):
             yield dict(T=9, S=40, H=8, ranges=ranges, clean=clean, scale_fmt="ue8m0" if clean else "fp32",
-                            out=ranges == "random")
+                       out=ranges == "random")
         yield dict(T=4, S=48, H=INDEX_HEADS, ranges="causal", clean=True)
         yield dict(T=8, S=40, H=8, ranges="random", corner="empty", clean=True)
         yield dict(T=6, S=33, H=5, corner="full")
@@ -145,6 +152,8 @@ ERRORS = (
     ("out", set_args(out=torch.empty(5, 39))),
     ("out", set_args(out=torch.empty(5, 40, dtype=torch.float64))),
     ("q", change("q", lambda t: t[:, :0])),                                   # H = 0
+    ("k_scale", change("k_scale", lambda t: t.neg())),                         # <= 0 on covered keys
+    ("k_scale", change("k_scale", lambda t: torch.zeros_like(t))),
 )
 
 SPEC = OpSpec(

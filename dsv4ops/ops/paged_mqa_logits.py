@@ -69,6 +69,8 @@ def inputs(device, gen, *, B, next_n, context, H=64, block_size=64, lens_dim=2, 
         lens[0] = context
     if corner == "zero_len":
         lens[::2] = 0
+    elif corner == "all_zero_len":
+        lens[:] = 0
     if corner == "short":                       # lengths shorter than next_n
         lens = randint(gen, 0, next_n, (B,))
     if lens_dim == 2:
@@ -90,21 +92,27 @@ def cases(tier: str):
         yield dict(B=0, next_n=1, context=16, H=4, block_size=16)
         for next_n, lens_dim, clean in itertools.product((1, 2), (1, 2), (False, True)):
             yield dict(B=3, next_n=next_n, context=40, H=8, block_size=16, lens_dim=lens_dim,
-                        clean=clean, scale_fmt="ue8m0" if clean else "fp32", out=next_n == 2)
+                       clean=clean, scale_fmt="ue8m0" if clean else "fp32", out=next_n == 2)
         for corner in ("zero_len", "short", "padded_rows"):
             yield dict(B=3, next_n=2, context=24, H=8, block_size=16, corner=corner, clean=True)
         for lens_dim, clean in ((1, True), (2, False)):   # vLLM's MTP width; 64 heads: rows in 3 chunks + padding
             yield dict(B=2, next_n=6, context=40, H=64, block_size=16, lens_dim=lens_dim, clean=clean)
+        for next_n in (3, 4, 5, 7, 8):                   # every width a speculative decoder uses
+            yield dict(B=2, next_n=next_n, context=24, H=8, block_size=16, lens_dim=1 + next_n % 2, clean=True)
+        yield dict(B=3, next_n=2, context=24, H=8, block_size=16, corner="all_zero_len", clean=True)
         return
     for B, next_n, context in itertools.product((4, 64), (1, 2), (2048, 8192)):
         yield dict(B=B, next_n=next_n, context=context, H=INDEX_HEADS, block_size=C4_BLOCK,
-                    lens_dim=2, scale_fmt="ue8m0")
+                   lens_dim=2, scale_fmt="ue8m0")
     yield dict(B=8, next_n=1, context=4096, H=INDEX_HEADS, block_size=C4_BLOCK, lens_dim=1, clean=True)
     yield dict(B=8, next_n=6, context=4096, H=INDEX_HEADS, block_size=C4_BLOCK, lens_dim=1,
-                    clean=True)                                        # vLLM's MTP test width
-    for corner in ("zero_len", "short", "padded_rows"):
+               clean=True)                                        # vLLM's MTP test width
+    for corner in ("zero_len", "short", "padded_rows", "all_zero_len"):
         yield dict(B=8, next_n=2, context=1024, H=INDEX_HEADS, block_size=C4_BLOCK, corner=corner,
-                    clean=True)
+                   clean=True)
+    for next_n in range(3, 9):
+        yield dict(B=16, next_n=next_n, context=8192, H=INDEX_HEADS, block_size=C4_BLOCK, lens_dim=1 + next_n % 2,
+                   clean=True)
 
 
 def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:

@@ -99,13 +99,13 @@ def cases(tier: str):
         yield dict(T=0, H=4, layout="fp8_ds_mla")
         for layout, H, bs in itertools.product(ATTENTION_LAYOUTS, (3, 16), (64, 16)):
             yield dict(T=5, H=H, layout=layout, block_size=bs, num_blocks=3,
-                        dp_pad=1 if H == 3 else 0, out=bs == 16)
+                       dp_pad=1 if H == 3 else 0, out=bs == 16)
         return
     heads = sorted({h for hs in HEADS_PER_RANK.values() for h in hs})
     for layout, H, T in itertools.product(ATTENTION_LAYOUTS, heads, (1, 64)):
         yield dict(T=T, H=H, layout=layout, block_size=SWA_BLOCK, num_blocks=8)
     yield dict(T=300, H=64, layout="fp8_ds_mla", block_size=SWA_BLOCK,
-                num_blocks=16, dp_pad=7, out=True)
+               num_blocks=16, dp_pad=7, out=True)
 
 
 def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:

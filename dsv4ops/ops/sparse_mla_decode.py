@@ -104,6 +104,19 @@ def inputs(device, gen, *, T, H, topk, layout, block_size=64, extra_topk=0, extr
     return to_device(kwargs, device)
 
 
+def grid_cases(tier: str, T: int):
+    """The head x extra top-k x extra page size grid (decode and prefill): every head count a rank
+    has, extra lists from one tile to past FlashMLA's largest, page sizes from 2 (C128) to 256."""
+    if tier == "quick":
+        grid = itertools.product((8, 128), ((64, 2), (128, 256)))
+    else:
+        grid = itertools.product((8, 32, 64, 128), itertools.product((128, 640, 1152), (2, 64, 256)))
+    for H, (extra_topk, extra_block_size) in grid:
+        yield dict(T=T, H=H, topk=WINDOW if tier == "full" else 32, layout="fp8_ds_mla",
+                   block_size=SWA_BLOCK if tier == "full" else 16, extra_topk=extra_topk,
+                   extra_block_size=extra_block_size)
+
+
 def cases(tier: str):
     if tier == "quick":
         yield dict(T=0, H=4, topk=64, layout="fp8_ds_mla")
@@ -111,32 +124,34 @@ def cases(tier: str):
             yield dict(T=3, H=5, topk=64, layout=layout, extra_topk=64, extra_block_size=C128_BLOCK)
         for corner in ("all_invalid", "pad_middle", "duplicates", "zero_len"):
             yield dict(T=3, H=8, topk=32, layout="fp8_ds_mla", extra_topk=64,
-                        extra_block_size=16, corner=corner)
+                       extra_block_size=16, corner=corner)
         yield dict(T=2, H=16, topk=64, layout="fp8_ds_mla", sink="inf", lens="full", out=True)
         yield dict(T=2, H=3, topk=32, layout="fp8_ds_mla", sink=None, lens=None)
         for layout in ("bf16", "fp8_per_tensor"):     # the SM100 TRTLLM-gen shape: 128 SWA + extra, no lse
             yield dict(T=3, H=8, topk=WINDOW, layout=layout, extra_topk=64, extra_block_size=C128_BLOCK,
-                        need_lse=False)
+                       need_lse=False)
         yield dict(T=3, H=16, topk=64, layout="fp8_ds_mla", extra_topk=64, extra_block_size=C128_BLOCK,
-                    need_lse=False)
+                   need_lse=False)
         yield dict(T=2, H=8, topk=32, layout="bf16", sink="inf", need_lse=False)   # single segment
+        yield from grid_cases(tier, T=1)
         return
     for model, heads in HEADS_PER_RANK.items():
         for H, T in itertools.product(heads, (8, 128)):
             yield dict(T=T, H=H, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK,
-                        extra_topk=INDEX_TOPK[model], extra_block_size=C4_BLOCK)
+                       extra_topk=INDEX_TOPK[model], extra_block_size=C4_BLOCK)
         yield dict(T=64, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK,
-                    extra_topk=128, extra_block_size=C128_BLOCK)           # C128 layer
+                   extra_topk=128, extra_block_size=C128_BLOCK)           # C128 layer
         yield dict(T=32, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK)  # SWA only
     for layout in ("bf16", "fp8_per_tensor"):
         for need_lse in (True, False):
             yield dict(T=64, H=64, topk=WINDOW, layout=layout, block_size=SWA_BLOCK, extra_topk=512,
-                        extra_block_size=C4_BLOCK, need_lse=need_lse)
+                       extra_block_size=C4_BLOCK, need_lse=need_lse)
     for corner in ("all_invalid", "pad_middle", "duplicates", "zero_len"):
         yield dict(T=16, H=64, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=512,
-                    extra_block_size=C4_BLOCK, corner=corner)
+                   extra_block_size=C4_BLOCK, corner=corner)
     yield dict(T=16, H=128, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=1024,
-                extra_block_size=C4_BLOCK, sink="inf", out=True)
+               extra_block_size=C4_BLOCK, sink="inf", out=True)
+    yield from grid_cases(tier, T=16)
 
 
 def attention_rule(op: str):

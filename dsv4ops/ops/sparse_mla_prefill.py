@@ -9,7 +9,7 @@ gathered bf16 workspace, AITER ``pa_prefill_sparse``).
 from __future__ import annotations
 
 from ..opspec import OpSpec, define
-from .sparse_mla_decode import SPEC as DECODE, attention_rule
+from .sparse_mla_decode import SPEC as DECODE, attention_rule, grid_cases
 import torch
 from ..cost import nbytes, selected_entries
 from ..opspec import BenchShapes, Conformance
@@ -26,11 +26,12 @@ def cases(tier: str):
         yield dict(T=2, H=20, topk=32, layout="bf16", extra_topk=32, extra_block_size=16)
         for corner in ("all_invalid", "pad_middle", "duplicates", "zero_len"):
             yield dict(T=3, H=16, topk=32, layout="fp8_ds_mla", extra_topk=64,
-                            extra_block_size=16, corner=corner)
+                       extra_block_size=16, corner=corner)
         yield dict(T=2, H=16, topk=64, layout="fp8_ds_mla", sink="inf", lens="full", out=True)
         yield dict(T=2, H=16, topk=32, layout="fp8_ds_mla", sink=None, lens=None)
         yield dict(T=3, H=16, topk=32, layout="bf16", extra_topk=64, extra_block_size=16,
-                        need_lse=False)
+                   need_lse=False)
+        yield from grid_cases(tier, T=2)
         return
     for model, heads in HEADS_PER_RANK.items():
         extra = dict(topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=INDEX_TOPK[model],
@@ -40,18 +41,21 @@ def cases(tier: str):
         for H, T in sizes:
             yield dict(T=T, H=H, **extra)
         yield dict(T=2048, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK,
-                        extra_topk=128, extra_block_size=C128_BLOCK)          # C128 layer
+                   extra_topk=128, extra_block_size=C128_BLOCK)          # C128 layer
         yield dict(T=1024, H=heads[0], topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK)
     for layout in ("bf16", "fp8_per_tensor"):
         yield dict(T=1024, H=64, topk=WINDOW, layout=layout, block_size=SWA_BLOCK, extra_topk=512,
-                        extra_block_size=C4_BLOCK)
+                   extra_block_size=C4_BLOCK)
     for corner in ("all_invalid", "pad_middle", "duplicates", "zero_len"):
         yield dict(T=512, H=128, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK,
-                        extra_topk=1024, extra_block_size=C4_BLOCK, corner=corner)
+                   extra_topk=1024, extra_block_size=C4_BLOCK, corner=corner)
     yield dict(T=1024, H=128, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=1024,
-                    extra_block_size=C4_BLOCK, sink="inf", out=True)
+               extra_block_size=C4_BLOCK, sink="inf", out=True)
     yield dict(T=1024, H=64, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=512,
-                    extra_block_size=C4_BLOCK, sink=None, need_lse=False)
+               extra_block_size=C4_BLOCK, sink=None, need_lse=False)
+    yield from grid_cases(tier, T=64)
+    yield dict(T=512, H=64, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=1024,
+               extra_block_size=C4_BLOCK, extra_slots=40960)              # a 40K-entry compressed cache
 
 
 def cost(kw: dict) -> tuple[int, int]:
