@@ -128,6 +128,8 @@ def cmd_check(args) -> int:
     ops, names = parse_ops(args.ops), parse_backends(args.backends)
     if not 0 <= args.seed < 2 ** 62:                 # case i uses seed + i, a torch.Generator seed
         raise UsageError(f"--seed {args.seed}: expected an integer in [0, 2**62)")
+    if args.repeat < 1:
+        raise UsageError(f"--repeat {args.repeat}: expected an integer >= 1")
     if args.include_reference and "reference" not in names:
         names = ["reference"] + names
     case_list = select_cases(ops, args.tier, args.case)
@@ -137,7 +139,7 @@ def cmd_check(args) -> int:
     if device.type == "cpu" and not triton_interpreter_enabled() and not args.no_interpreter:
         os.environ["TRITON_INTERPRET"] = "1"          # read when the Triton kernels are first imported
         print("no accelerator: the Triton kernels run through Triton's interpreter (TRITON_INTERPRET=1)")
-    results = _run_with_progress(case_list, names, device, args.seed)
+    results = _run_with_progress(case_list, names, device, args.seed, args.repeat)
     cells = summarize(result_rows(results))
     plat = platform(device)
     print(f"conformance, tier {args.tier}, on {plat}")
@@ -169,17 +171,17 @@ def _matrix_rows(cells, names, ops) -> list[tuple[str, ...]]:
     return [(name, *(cells[(name, op)].text if (name, op) in cells else "-" for op in ops)) for name in names]
 
 
-def _run_with_progress(case_list, names, device, seed):
+def _run_with_progress(case_list, names, device, seed, repeat):
     from .conformance import run_matrix
 
     total = len(case_list) * len(names)
     try:
         from rich.progress import Progress
     except ImportError:
-        return run_matrix(case_list, names, device, seed)
+        return run_matrix(case_list, names, device, seed, repeat=repeat)
     with Progress(transient=True) as progress:
         task = progress.add_task("checking", total=total)
-        return run_matrix(case_list, names, device, seed,
+        return run_matrix(case_list, names, device, seed, repeat=repeat,
                           progress=lambda r: progress.update(task, advance=1, description=f"{r.backend} {r.case.op}"))
 
 
@@ -226,6 +228,9 @@ def main(argv=None) -> int:
     check.add_argument("--device", help="torch device, e.g. cuda:1 (default: the current accelerator, else cpu)")
     check.add_argument("--json", help="write every result to this JSON file")
     check.add_argument("--include-reference", action="store_true", help="also check the reference against itself")
+    check.add_argument("--repeat", type=int, default=1, metavar="N",
+                       help="also launch each case N-1 more times and (on CUDA) replay it from a CUDA graph: "
+                            "every result must be bitwise identical to the first call's")
     check.add_argument("--no-interpreter", action="store_true",
                        help="on a CPU device, do not run the Triton kernels through TRITON_INTERPRET=1")
     check.set_defaults(fn=cmd_check)

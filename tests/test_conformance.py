@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dsv4ops
-from dsv4ops.conformance import cases, run_case
+from dsv4ops.conformance import cases, make_case, run_case
 from dsv4ops.ops import OP_NAMES
 from dsv4ops.platform import default_device
 from dsv4ops.registry import Backend, register_backend, unregister_backend
@@ -156,7 +156,6 @@ BROKEN = [
 
 @pytest.mark.parametrize("op,impl,params", BROKEN, ids=[f.__name__ for _, f, _ in BROKEN])
 def test_suite_catches_broken_implementation(op, impl, params):
-    from dsv4ops.conformance.cases import make_case
 
     broken = register_backend(Backend("broken", ("cpu", "cuda")))
     broken.implements(op, lambda args: impl(**args._asdict()), priority=-1)   # typed args -> keywords
@@ -177,3 +176,27 @@ def test_cli_check_reports_and_exits(tmp_path, capsys):
     data = json.loads(path.read_text())
     assert data["meta"]["tier"] == "quick" and all(r["status"] == "pass" for r in data["results"])
     assert "passed" in capsys.readouterr().out
+
+
+def test_repeat_mode_finds_a_backend_whose_launches_differ(monkeypatch):
+    """``--repeat``: a backend that returns a different (still correct) top-k order on its second
+    launch passes one call and fails the repeat check; a deterministic one passes both."""
+    reference = dsv4ops.registry.get_backend("reference").implementations["indexer_topk"][0].fn
+    launches = []
+
+    def flaky(a):
+        launches.append(1)
+        out = reference(a)
+        return out.flip(1) if len(launches) % 2 == 0 else out      # same sets, other order
+
+    register_backend(Backend("flaky", ("cpu",))).implements("indexer_topk", flaky, priority=1)
+    try:
+        case = make_case("indexer_topk", R=4, W=64, k=8, mode="ranges")
+        assert run_case(case, "flaky", "cpu").status == "pass"
+        result = run_case(case, "flaky", "cpu", repeat=3)
+        assert result.status == "fail" and "launch 2 of 3 differs" in result.message
+        assert run_case(case, "reference", "cpu", repeat=3).status == "pass"
+        assert run_case(make_case("qnorm_rope_kv_insert", T=3, H=2, layout="fp8_ds_mla", block_size=16,
+                                  num_blocks=2), "triton", "cpu", repeat=2).status == "pass"
+    finally:
+        unregister_backend("flaky")

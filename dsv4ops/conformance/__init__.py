@@ -17,12 +17,13 @@ def select_cases(op_names: Iterable[str], tier: str, case_id: str | None = None)
 
 
 def run_matrix(case_list: list[Case], backend_names: list[str], device, seed: int = 0,
-               progress: Callable[[Result], None] | None = None) -> list[Result]:
-    """Each case on each backend; ``seed`` + case position makes every case's inputs fresh."""
+               progress: Callable[[Result], None] | None = None, repeat: int = 1) -> list[Result]:
+    """Each case on each backend; ``seed`` + case position makes every case's inputs fresh;
+    ``repeat`` > 1 also checks that launches and graph replays reproduce the first call bit for bit."""
     results = []
     for i, case in enumerate(case_list):
         for name in backend_names:
-            result = run_case(case, name, device, seed=seed + i)
+            result = run_case(case, name, device, seed=seed + i, repeat=repeat)
             results.append(result)
             if progress:
                 progress(result)

@@ -12,6 +12,7 @@ from ..selection import decide
 from ..tensors import clone_kwargs
 from ..tolerance import Verdict
 from .cases import Case
+from .repeat import check_repeatable
 
 POISON_FLOAT = float("nan")
 POISON_INT = -7
@@ -42,7 +43,8 @@ def poison(t: torch.Tensor) -> None:
         t.fill_(POISON_INT)
 
 
-def run_case(case: Case, backend: str, device, seed: int = 0) -> Result:
+def run_case(case: Case, backend: str, device, seed: int = 0, repeat: int = 1) -> Result:
+    """``case`` on ``backend`` against the reference (``repeat`` > 1: also ``repeat.check_repeatable``)."""
     start = time.perf_counter()
     try:
         kwargs = case.build(device, seed)
@@ -68,6 +70,8 @@ def run_case(case: Case, backend: str, device, seed: int = 0) -> Result:
             verdict = _check_contiguous(got_result, got_kwargs.get("out"), verdict)
         if verdict.ok and got_kwargs.get("out") is not None:
             verdict = _check_out_returned(got_kwargs["out"], got_result, verdict)
+        if verdict.ok and repeat > 1:
+            verdict = check_repeatable(op, backend, kwargs, got_kwargs, got_result, repeat, poison) or verdict
     except Exception as exc:
         tb = traceback.format_exc(limit=3).strip().splitlines()[-1]
         return Result(case, backend, "error", message=f"{type(exc).__name__}: {exc} ({tb})",
