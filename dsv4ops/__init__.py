@@ -6,7 +6,7 @@
 
 Importing this package imports no vendor library and no Triton; backends load on first use.
 """
-from . import formats
+from . import backends, formats, reference  # backends() lists them; backends.<vendor> are their packages
 from .errors import ConfigError, Dsv4opsError, InputError, UnsupportedError, VerificationError
 from .formats import Layout
 from .ops import OP_NAMES, OPS
@@ -14,7 +14,6 @@ from .platform import Platform, platform, simulate_platform
 from .prepared import PreparedOp, prepare
 from .registry import Backend, BackendInfo
 from .selection import Decision, decide
-from . import backends, reference   # backends() lists them; backends.<vendor> are their packages
 
 # dsv4ops.<op>: each op's public function (its signature and docstring come from its spec)
 globals().update({name: op.function for name, op in OPS.items()})

@@ -24,9 +24,9 @@ from . import ops, registry
 from .conformance.cases import Case, make_case
 from .conformance.runner import run_reference
 from .cost import nbytes
-from .tensors import clone_kwargs
 from .platform import VENDORS
 from .selection import decide
+from .tensors import clone_kwargs
 
 # ---------------------------------------------------------------------------------------------
 # Shapes (docs/ops.md §0) and the cost model

@@ -19,10 +19,10 @@ from typing import Any, Callable, Iterable, Optional, Union
 import torch
 
 from . import registry, selection, tensor_guard
+from .checker import Checker
 from .errors import InputError
 from .formats import ALL_LAYOUTS, Layout
 from .platform import thread_state
-from .checker import Checker
 
 REQUIRED = inspect.Parameter.empty
 Scale = Union[float, torch.Tensor]          # a float, or a 1-element fp32 tensor read on the device

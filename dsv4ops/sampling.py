@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from . import formats
-from .quant import ue8m0_scale, to_fp8
+from .quant import to_fp8, ue8m0_scale
 
 SOFTMAX_SCALE = 512 ** -0.5
 ROPE_THETA = 10000.0

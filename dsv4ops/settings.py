@@ -8,11 +8,10 @@ the rest of a dispatch.
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from dataclasses import dataclass
 from typing import Callable
-
-import tempfile
 
 from .errors import ConfigError
 

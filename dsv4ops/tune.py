@@ -13,8 +13,8 @@ import collections
 
 from . import ops, tuning_table
 from .bench import Timing, bench, shape_cases
-from .errors import ConfigError
 from .conformance.cases import Case
+from .errors import ConfigError
 from .platform import platform
 
 

@@ -7,6 +7,7 @@ signature (validated, then the reference runs); the implementations in ``dsv4ops
 take the typed args.
 """
 from dsv4ops import registry
+from dsv4ops.ops import OPS
 from dsv4ops.platform import VENDORS
 
 BACKEND = registry.register_backend(registry.Backend("reference", VENDORS,
@@ -22,9 +23,9 @@ def _public(op):
     return reference
 
 
-for _op in map(registry.get_op, registry.op_names()):
-    BACKEND.implements(_op.name, _op.spec.reference)
-    globals()[_op.name] = _public(_op)
-del _op
+for _name, _op in OPS.items():
+    BACKEND.implements(_name, _op.spec.reference)
+    globals()[_name] = _public(_op)
+del _name, _op
 
-__all__ = list(registry.op_names())
+__all__ = list(OPS)

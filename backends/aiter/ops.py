@@ -34,10 +34,9 @@ from __future__ import annotations
 
 import torch
 
-from dsv4ops.platform import Platform
-
 from dsv4ops import formats
 from dsv4ops.backend_support import decode_output, dense, topk_output
+from dsv4ops.platform import Platform
 from dsv4ops.rows import row_bounds
 
 SINK_CLAMP = 1e30

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from dsv4ops.platform import Platform
-
 from dsv4ops.backend_support import decode_output, pad_heads
+from dsv4ops.platform import Platform
 from dsv4ops.workspace import gather_workspace
 
 from .ops import SINK_CLAMP

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from dsv4ops.backend_support import dense
-from dsv4ops.rows import decode_row_ends
 from dsv4ops.platform import multiprocessors
+from dsv4ops.rows import decode_row_ends
 
 
 def paged_mqa_logits(a):

@@ -11,7 +11,6 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-
 from .tuning import Target
 
 

@@ -9,7 +9,6 @@ import torch
 import triton
 import triton.language as tl
 
-
 from .tuning import Target
 
 

@@ -9,7 +9,6 @@ sparse_mla_prefill (sparse_mla_prefill.py) runs the same kernels with its own ti
 """
 from __future__ import annotations
 
-
 import torch
 import triton
 import triton.language as tl
@@ -19,7 +18,6 @@ from dsv4ops.platform import multiprocessors
 
 from .common import load_scalar, scalar_arg, ue8m0_decode
 from .tuning import Target
-
 
 
 @triton.jit

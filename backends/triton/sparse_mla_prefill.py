@@ -9,7 +9,6 @@ The index list is split across programs only when T x head tiles cannot fill the
 """
 from __future__ import annotations
 
-
 from .sparse_mla_decode import attend
 from .tuning import Target
 

@@ -6,15 +6,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .. import formats
-from ..formats import Layout
-from ..opspec import Arg, OpSpec, define
+from .. import formats, quant
 from ..checker import Checker
-from .. import quant
-from ..opspec import BenchShapes, Conformance
+from ..formats import Layout
+from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..sampling import change, cos_sin_cache, randint, randn, set_args, to_device
-from ..shapes import C128_BLOCK, C4_BLOCK
+from ..shapes import C4_BLOCK, C128_BLOCK
 from ..tolerance import Collector, Verdict, bf16_ulp_close, fp8_blocks_close
+
 
 def check(c: Checker, a):
     try:

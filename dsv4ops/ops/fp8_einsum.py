@@ -1,19 +1,18 @@
 """Op 4 (docs/ops.md §4): block-scaled FP8 ``bhr,hdr->bhd`` (V4's grouped ``wo_a``)."""
 from __future__ import annotations
 
+import itertools
+import math
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from ..opspec import Arg, OpSpec, define
 from ..checker import Checker
-import itertools
-import math
 from ..cost import nbytes
-from ..opspec import BenchShapes, Conformance
+from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..sampling import change, quantize_blocks, randn, set_args, to_device
-from ..shapes import O_GROUPS_PER_RANK, O_GROUP_K, O_LORA_RANK
+from ..shapes import O_GROUP_K, O_GROUPS_PER_RANK, O_LORA_RANK
 from ..tolerance import Collector, Verdict, calc_diff, close
 
 EQUATION = "bhr,hdr->bhd"

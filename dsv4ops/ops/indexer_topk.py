@@ -1,15 +1,14 @@
 """Op 5 (docs/ops.md §5): per-row top-k of indexer logits, row-local indices, -1 padded."""
 from __future__ import annotations
 
+import itertools
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from ..opspec import Arg, OpSpec, define
 from ..checker import INT32_MAX, Checker
-import itertools
-from ..opspec import BenchShapes, Conformance
+from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..rows import decode_row_ends, row_bounds
 from ..sampling import change, randint, randn, set_args, to_device
 from ..shapes import INDEX_TOPK

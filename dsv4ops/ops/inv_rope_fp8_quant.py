@@ -6,10 +6,9 @@ import torch
 from torch import Tensor
 
 from .. import formats
-from ..opspec import Arg, OpSpec, define
 from ..checker import Checker
 from ..cost import nbytes
-from ..opspec import BenchShapes, Conformance
+from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..sampling import change, cos_sin_cache, randint, randn, set_args, to_device
 from ..shapes import HEADS_PER_RANK, O_GROUPS_PER_RANK
 from ..tolerance import Collector, Verdict, fp8_blocks_close

@@ -1,17 +1,16 @@
 """Op 11 (docs/ops.md §11): prefill lightning-indexer weighted-ReLU MQA logits over contiguous FP8 keys."""
 from __future__ import annotations
 
+import itertools
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .. import formats, registry
-from ..opspec import Arg, OpSpec, define
 from ..checker import Checker
-import itertools
 from ..cost import nbytes
-from ..opspec import BenchShapes, Conformance
+from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..quant import FP8_MAX, to_fp8, ue8m0_scale
 from ..sampling import FP8_NAN, change, key_ranges, randn, set_args, to_device
 from ..shapes import INDEX_HEADS, INDEX_TOPK

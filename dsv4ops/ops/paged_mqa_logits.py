@@ -1,18 +1,17 @@
 """Op 3 (docs/ops.md §3): lightning-indexer weighted-ReLU MQA logits over a paged FP8 key cache."""
 from __future__ import annotations
 
+import itertools
+import math
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .. import formats, registry
-from ..opspec import Arg, OpSpec, define
 from ..checker import Checker
-import itertools
-import math
 from ..cost import nbytes
-from ..opspec import BenchShapes, Conformance
+from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..quant import to_fp8
 from ..sampling import change, randint, randn, set_args, to_device
 from ..shapes import C4_BLOCK, INDEX_HEADS

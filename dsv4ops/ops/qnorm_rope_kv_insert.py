@@ -1,18 +1,17 @@
 """Op 1 (docs/ops.md §1): Q RMSNorm + RoPE, KV RoPE + quantize + paged insert at ``slot_mapping``."""
 from __future__ import annotations
 
+import itertools
 from typing import Optional
 
 import torch
 from torch import Tensor
 
 from .. import formats
-from ..formats import Layout
-from ..opspec import Arg, OpSpec, Scale, define
 from ..checker import Checker
-import itertools
 from ..cost import nbytes
-from ..opspec import BenchShapes, Conformance
+from ..formats import Layout
+from ..opspec import Arg, BenchShapes, Conformance, OpSpec, Scale, define
 from ..sampling import change, cos_sin_cache, randint, randn, random_cache_bytes, set_args, to_device
 from ..shapes import ATTENTION_LAYOUTS, HEADS_PER_RANK, SWA_BLOCK
 from ..tolerance import Collector, Verdict, bf16_ulp_close, close, fp8_ulp_close

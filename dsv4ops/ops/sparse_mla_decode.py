@@ -1,27 +1,25 @@
 """Op 2 (docs/ops.md §2): sparse MQA decode over the SWA cache plus an optional extra cache."""
 from __future__ import annotations
 
+import functools
+import importlib
+import itertools
+import math
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from .. import formats
-from ..formats import Layout
-from ..opspec import Arg, OpSpec, Scale, define
+from .. import formats, registry
 from ..checker import Checker
-from .qnorm_rope_kv_insert import MAX_HEADS, check_kv_cache, check_layout
-import functools
-import importlib
-import itertools
-import math
-from .. import registry
 from ..cost import nbytes, selected_entries
-from ..opspec import BenchShapes, Conformance
+from ..formats import Layout
+from ..opspec import Arg, BenchShapes, Conformance, OpSpec, Scale, define
 from ..quant import to_fp8
 from ..sampling import SOFTMAX_SCALE, change, filled_cache, index_lists, randn, set_args, to_device
-from ..shapes import ATTENTION_LAYOUTS, C128_BLOCK, C4_BLOCK, HEADS_PER_RANK, INDEX_TOPK, SWA_BLOCK, WINDOW
+from ..shapes import ATTENTION_LAYOUTS, C4_BLOCK, C128_BLOCK, HEADS_PER_RANK, INDEX_TOPK, SWA_BLOCK, WINDOW
 from ..tolerance import Collector, Verdict, calc_diff, close
+from .qnorm_rope_kv_insert import MAX_HEADS, check_kv_cache, check_layout
 
 
 def check(c: Checker, a):

@@ -8,13 +8,14 @@ gathered bf16 workspace, AITER ``pa_prefill_sparse``).
 """
 from __future__ import annotations
 
-from ..opspec import OpSpec, define
-from .sparse_mla_decode import SPEC as DECODE, attention_rule, grid_cases
 import torch
+
 from ..cost import nbytes, selected_entries
-from ..opspec import BenchShapes, Conformance
+from ..opspec import BenchShapes, Conformance, OpSpec, define
 from ..sampling import change, set_args
-from ..shapes import ATTENTION_LAYOUTS, C128_BLOCK, C4_BLOCK, HEADS_PER_RANK, INDEX_TOPK, SWA_BLOCK, WINDOW
+from ..shapes import ATTENTION_LAYOUTS, C4_BLOCK, C128_BLOCK, HEADS_PER_RANK, INDEX_TOPK, SWA_BLOCK, WINDOW
+from .sparse_mla_decode import SPEC as DECODE
+from .sparse_mla_decode import attention_rule, grid_cases
 
 
 def cases(tier: str):
