@@ -72,8 +72,10 @@ def logits_grid_fits(plat: Platform, call) -> str | None:
 
 BACKEND.implements("paged_mqa_logits", f"{_P}.paged_mqa_logits:paged_mqa_logits",
                    supports=all_of(runs_here, logits_grid_fits))
+BACKEND.implements("paged_mqa_topk", f"{_P}.paged_mqa_topk:paged_mqa_topk", supports=all_of(runs_here, logits_grid_fits))
 BACKEND.implements("fp8_einsum", f"{_P}.fp8_einsum:fp8_einsum", supports=runs_here)
 BACKEND.implements("indexer_topk", f"{_P}.indexer_topk:indexer_topk", supports=runs_here)
 BACKEND.implements("inv_rope_fp8_quant", f"{_P}.inv_rope_fp8_quant:inv_rope_fp8_quant", supports=runs_here)
 BACKEND.implements("compress_kv_insert", f"{_P}.compress_kv_insert:compress_kv_insert", supports=runs_here)
 BACKEND.implements("mqa_logits", f"{_P}.mqa_logits:mqa_logits", supports=all_of(runs_here, fp8_flavour_matches))
+BACKEND.implements("mqa_topk", f"{_P}.mqa_topk:mqa_topk", supports=all_of(runs_here, fp8_flavour_matches))
