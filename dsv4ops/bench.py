@@ -127,6 +127,7 @@ class Timing:
     compute_fraction: float | None = None
     vs_fastest: float | None = None
     mode: str = ""                 # "graph" or "eager"
+    workspace_mib: float | None = None   # device memory one call allocates beyond its inputs (peak, CUDA)
     note: str = ""
 
 
@@ -189,7 +190,8 @@ def bench(case_list: list[Case], backend_names: list[str], device, ceilings: Cei
             on_gpu = torch.device(device).type == "cuda"
             us, mode = time_calls(fn, typed_sets) if on_gpu else (_cpu_time(fn, typed_sets), "cpu")
             t = Timing(case.op, case.id, name, us=us, mode=mode, gbps=nbytes / us / 1e3,
-                       tflops=flops / us / 1e6 if flops else None)
+                       tflops=flops / us / 1e6 if flops else None,
+                       workspace_mib=_workspace_mib(fn, typed_sets[0], device) if on_gpu else None)
             if ceilings:
                 t.bandwidth_fraction = t.gbps / ceilings.copy_gbps
                 rate = ceilings.fp8_tflops if op.spec.bench.matrix == "fp8" else ceilings.bf16_tflops
@@ -204,6 +206,17 @@ def bench(case_list: list[Case], backend_names: list[str], device, ceilings: Cei
     return rows
 
 
+def _workspace_mib(fn, args, device) -> float:
+    """MiB that one eager call allocates at its peak beyond what was allocated before it (its
+    outputs and temporaries: a logits buffer, a gathered workspace)."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    fn(args)
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - before) / 2 ** 20
+
+
 def _cpu_time(fn, sets) -> float:
     start = time.perf_counter()
     for args in sets:
@@ -216,6 +229,7 @@ def _line(t: Timing) -> str:
         return f"{t.case:95s} {t.backend:10s} {t.note}"
     frac = f" {100 * t.bandwidth_fraction:5.1f}% bw" if t.bandwidth_fraction is not None else ""
     tf = f" {t.tflops:7.1f} TFLOP/s" if t.tflops else ""
+    tf += f" {t.workspace_mib:8.1f} MiB" if t.workspace_mib is not None else ""
     return f"{t.case:95s} {t.backend:10s} {t.us:9.1f} us {t.gbps:8.1f} GB/s{tf}{frac} x{t.vs_fastest:.2f} [{t.mode}]"
 
 
