@@ -226,7 +226,8 @@ SPEC = OpSpec(
         cost=cost,
         tiny=dict(R=4, W=128, k=16, mode="decode2d"),
         production=(dict(R=128, W=32768, k=512, mode="decode2d"), dict(R=128, W=32768, k=1024, mode="decode2d")),
-        sweep=tuple(dict(R=R, W=W, k=512, mode="decode2d") for R in (4, 16, 64, 128) for W in (8192, 32768, 65536)),
+        sweep=tuple(dict(R=R, W=W, k=512, mode="decode2d") for R in (4, 16, 64, 128)
+                    for W in (8192, 32768, 65536, 131072)),
     ),
 )
 OP = define(SPEC)

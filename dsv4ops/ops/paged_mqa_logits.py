@@ -195,7 +195,8 @@ SPEC = OpSpec(
         cost=cost,
         tiny=dict(B=1, next_n=1, context=64, H=64, block_size=64),
         production=(dict(B=128, next_n=1, context=8192, H=64, block_size=64), dict(B=64, next_n=2, context=8192, H=64, block_size=64), dict(B=32, next_n=6, context=8192, H=64, block_size=64)),
-        sweep=tuple(dict(B=B, next_n=1, context=ctx, H=64, block_size=64) for B in (8, 128) for ctx in (2048, 8192, 32768)),
+        sweep=tuple(dict(B=B, next_n=1, context=ctx, H=64, block_size=64) for B in (8, 128)
+                    for ctx in (2048, 8192, 32768, 131072)),
         matrix="fp8",
     ),
 )

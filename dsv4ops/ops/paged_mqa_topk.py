@@ -148,6 +148,8 @@ SPEC = OpSpec(
         tiny=dict(B=1, next_n=1, context=64, H=64, block_size=64, topk=16),
         production=(dict(B=128, next_n=1, context=8192, H=64, block_size=64, topk=512),
                     dict(B=128, next_n=1, context=131072, H=64, block_size=64, topk=512)),
+        sweep=tuple(dict(B=B, next_n=1, context=ctx, H=64, block_size=64, topk=512) for B in (8, 128)
+                    for ctx in (2048, 8192, 32768, 131072)),    # the logits and top-k sweeps' shapes
         matrix="fp8",
     ),
 )
