@@ -11,7 +11,8 @@ from dsv4ops.conformance import run_case
 from dsv4ops.conformance.cases import make_case
 from dsv4ops.sampling import quantize_blocks
 
-TRITON = any(b.name == "triton" and b.available for b in dsv4ops.backends())
+from helpers import needs_triton
+
 TUNABLES = ["einsum_tma=0", "einsum_tma=1", "einsum_tma=1,einsum_block_m=32,einsum_block_n=256", "einsum_block_n=64"]
 CASES = [dict(B=5, H=2, D=128, R=384),                              # 3 K steps
          dict(B=19, H=3, D=256, R=640, group_major=True, out=True),   # [H, B, R] transposed, 5 K steps
@@ -19,7 +20,7 @@ CASES = [dict(B=5, H=2, D=128, R=384),                              # 3 K steps
          dict(B=3, H=2, D=128, R=0)]                                  # no K step: exact zeros
 
 
-@pytest.mark.skipif(not TRITON, reason="the Triton backend is not available here")
+@needs_triton
 @pytest.mark.parametrize("tunables", TUNABLES)
 @pytest.mark.parametrize("params", CASES, ids=lambda p: f"B{p['B']}-D{p['D']}-R{p['R']}")
 def test_einsum_variants_match_the_reference(env, tunables, params):
@@ -38,7 +39,7 @@ def _operands(B, H, D, R, pad, offset):
     return buf[..., :R], a_scale, b, b_scale
 
 
-@pytest.mark.skipif(not TRITON, reason="the Triton backend is not available here")
+@needs_triton
 @pytest.mark.parametrize("pad,offset,tma", [(16, 0, True), (8, 0, False), (0, 1, False)])
 def test_tma_variant_falls_back_where_descriptors_cannot_address_a(env, pad, offset, tma):
     """Strides and bases must be 16-byte multiples for TMA: a row stride of R + 8 or a base one

@@ -10,35 +10,14 @@ import dsv4ops
 from dsv4ops import formats
 from dsv4ops.sampling import cos_sin_cache
 from dsv4ops.formats import COMPRESSED_LAYOUTS
-from dsv4ops.reference.impl.rope import rotate
 
-
-def model_entries(kv, score, ape, weight, eps, ratio, cs):
-    """bf16-valued fp32 entries [L // ratio, D], the way the model computes them for a prompt."""
-    c = formats.window_overlap(ratio)
-    D = kv.shape[1] // c
-    n = kv.shape[0] // ratio
-    kv = kv[: n * ratio].view(n, ratio, c * D)
-    score = score[: n * ratio].view(n, ratio, c * D) + ape
-    if c == 2:                                  # window i = previous window's tokens (dims [0, D)) + its own ([D, 2D))
-        kv2 = kv.new_zeros(n, 2 * ratio, D)
-        sc2 = score.new_full((n, 2 * ratio, D), float("-inf"))
-        kv2[:, ratio:], sc2[:, ratio:] = kv[:, :, D:], score[:, :, D:]
-        kv2[1:, :ratio], sc2[1:, :ratio] = kv[:-1, :, :D], score[:-1, :, :D]
-        kv, score = kv2, sc2
-    pooled = (kv * score.softmax(dim=1)).sum(dim=1)
-    normed = pooled * torch.rsqrt(pooled.square().mean(-1, keepdim=True) + eps) * weight
-    rows = cs[torch.arange(n) * ratio]
-    return rotate(normed, rows[:, :32], rows[:, 32:]).to(torch.bfloat16).float()
+from helpers import BACKENDS, model_entries
 
 
 def decoded(cache, layout, block_size, n):
     if layout == "fp8_ds_mla":
         return formats.read_kv(cache, layout, block_size, torch.arange(n))
     return formats.unpack_index_keys(cache).reshape(-1, formats.INDEX_DIM)[:n]
-
-
-BACKENDS = [b.name for b in dsv4ops.backends() if b.available and b.name in ("reference", "triton")]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

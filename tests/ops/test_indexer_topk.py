@@ -11,7 +11,7 @@ import dsv4ops
 from dsv4ops.conformance import run_case
 from dsv4ops.conformance.cases import make_case
 
-TRITON = any(b.name == "triton" and b.available for b in dsv4ops.backends())
+from helpers import TRITON, needs_triton
 
 if TRITON:
     import triton
@@ -29,7 +29,7 @@ if TRITON:
         tl.store(out_ptr + row * 2 + 1, want.to(tl.int64))
 
 
-@pytest.mark.skipif(not TRITON, reason="the Triton backend is not available here")
+@needs_triton
 @pytest.mark.parametrize("data", ["random", "heavy_tail", "bf16", "ties", "neg_inf"])
 @pytest.mark.parametrize("W,k", [(2048, 64), (1024, 512), (700, 1024)], ids=["2048-64", "1024-512", "k>W"])
 def test_resident_rows_match_the_reference(env, data, W, k):
@@ -55,7 +55,7 @@ ROWS = {"normal": lambda g, n: g.standard_normal(n),
         "one_value": lambda g, n: np.full(n, 3.0)}
 
 
-@pytest.mark.skipif(not TRITON, reason="the Triton backend is not available here")
+@needs_triton
 @pytest.mark.parametrize("rows", list(ROWS))
 def test_search_returns_a_threshold_that_selects_exactly_k(rows):
     """``_kth_largest`` on its own, many rows: ``count(key >= t) >= want`` and either exactly
