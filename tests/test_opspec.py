@@ -1,6 +1,7 @@
 """Every op's declaration is complete: each table the suite, the bench, the docs and the CLI read
 is a field of its ``OpSpec``, and each must be filled for every op."""
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,3 +53,10 @@ def test_public_names_come_from_the_specs():
         assert getattr(dsv4ops.reference, name).__signature__ == op.signature
         assert registry.get_op(name) is op
     assert tuple(dsv4ops.ops.OPS) == dsv4ops.OP_NAMES
+
+
+def test_every_op_has_its_test_file():
+    """Each op's own tests (corner cases, paths, hand-built error cases) are in tests/ops/test_<op>.py,
+    one file per registered op and none for an op that is gone."""
+    files = Path(__file__).with_name("ops").glob("test_*.py")
+    assert sorted(p.stem for p in files) == sorted(f"test_{name}" for name in OPS)

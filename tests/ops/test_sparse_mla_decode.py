@@ -1,6 +1,8 @@
 """sparse_mla_decode's own tests: the reference against loops over the cache bytes, the sink,
-arguments that overlap, scale and sink values. Its error inputs are declared in its spec
-(test_errors.py), its layouts and aliases generated (test_strides.py)."""
+arguments that overlap, scale and sink values, and the corner cases (nothing selected, -1 inside a
+row, NaN in unselected rows, sink None / +inf / -inf, padded head blocks, need_lse=False) on every
+backend here. Its error inputs are declared in its spec (test_errors.py), its layouts and aliases
+generated (test_strides.py), its whole quick tier run by test_conformance.py."""
 import math
 import struct
 
@@ -8,9 +10,13 @@ import pytest
 import torch
 
 import dsv4ops
-from dsv4ops.conformance import build_inputs
+from dsv4ops import formats
+from dsv4ops.conformance import build_inputs, cases, run_case
+from dsv4ops.conformance.cases import make_case
+from dsv4ops.ops import OPS
+from dsv4ops.shapes import ATTENTION_LAYOUTS
 
-from helpers import BAD_SCALES, G, raises_input_error
+from helpers import BACKENDS, BAD_SCALES, G, needs_triton, raises_input_error
 
 
 # --- the reference against loops -------------------------------------------------------------
@@ -105,3 +111,151 @@ def test_decode_nan_sink():
     kw = _decode()
     kw["attn_sink"] = torch.tensor([0.0, float("nan"), float("inf"), -float("inf")])
     raises_input_error("sparse_mla_decode", kw, "attn_sink", "NaN")
+
+
+# --- corner cases on every backend here, on the declared quick cases ---------------------------
+# Each corner names the declared cases (dsv4ops/ops/sparse_mla_decode.py ``cases``) that hold it:
+# a declaration that loses one fails here. Unselected cache rows hold NaN in every case (the input
+# builder's ``filled_cache``), and -1 beyond a row's length alternates with slots of such rows.
+
+BUILDER_DEFAULTS = dict(sink="random", lens="random", corner=None, need_lse=True, extra_topk=0)
+CORNERS = {
+    "all_invalid": lambda p: p["corner"] == "all_invalid",
+    "zero_len": lambda p: p["corner"] == "zero_len",
+    "pad_middle": lambda p: p["corner"] == "pad_middle",
+    "sink_inf": lambda p: p["sink"] == "inf",                 # +inf on even heads, -inf on odd ones
+    "sink_none": lambda p: p["sink"] is None,
+    "padded_heads": lambda p: p["T"] > 0 and p["H"] % 16 != 0,  # H not a multiple of a Triton head block
+    "every_layout": lambda p: p["T"] > 0 and p["corner"] is None and p["sink"] == "random" and p["need_lse"],
+    "no_lse": lambda p: not p["need_lse"],
+}
+
+
+def declared(corner: str) -> list:
+    """The declared quick cases of sparse_mla_decode that hold ``corner``."""
+    found = [c for c in cases("sparse_mla_decode", "quick")
+             if "strided" not in c.kwargs and CORNERS[corner]({**BUILDER_DEFAULTS, **c.kwargs})]
+    assert found, f"no declared quick case of sparse_mla_decode holds {corner!r}"
+    return found
+
+
+def call(kw: dict, backend: str, **change):
+    """The public function on ``backend`` writing into a NaN-poisoned ``out`` (an element it does
+    not write stays NaN); (out as fp32, lse)."""
+    T, H, _ = kw["q"].shape
+    out = torch.full((T, H, 512), float("nan"), dtype=torch.bfloat16)
+    got, lse = dsv4ops.sparse_mla_decode(**{**kw, **change, "out": out}, backend=backend)
+    assert got is out and not out.isnan().any(), "out not written everywhere"
+    return got.float(), lse
+
+
+def selected(kw: dict) -> torch.Tensor:
+    """int [T]: the entries each token selects over both index lists (-1 and beyond-length excluded)."""
+    count = 0
+    for name, lens in (("indices", "topk_lens"), ("extra_indices", "extra_topk_lens")):
+        idx = kw.get(name)
+        if idx is not None:
+            valid = idx >= 0
+            if kw.get(lens) is not None:
+                valid &= torch.arange(idx.shape[1]) < kw[lens][:, None]
+            count = count + valid.sum(1)
+    return count
+
+
+def judge(params: dict, want_kwargs: dict, want, got_kwargs: dict, got) -> None:
+    """The op's comparison rule (what the conformance suite applies)."""
+    verdict = OPS["sparse_mla_decode"].spec.conformance.compare(params, want_kwargs, want, got_kwargs, got)
+    assert verdict.ok, verdict.message
+
+
+@needs_triton
+@pytest.mark.parametrize("corner", list(CORNERS))
+def test_declared_corner_matches_the_reference(corner):
+    """The Triton backend against the reference on each declared case of the corner (``out``
+    poisoned by run_case where the case passes one)."""
+    for case in declared(corner):
+        result = run_case(case, "triton", "cpu", seed=3)
+        assert result.status == "pass", f"{case.id}: {result.message}\nrerun: {result.reproducer()}"
+
+
+@needs_triton
+def test_heads_past_one_triton_head_block():
+    """H = 20: a full head block of 16 (the CPU tuning) then a padded one; on sm90 (64) one padded."""
+    case = make_case("sparse_mla_decode", T=3, H=20, topk=32, layout="fp8_ds_mla", block_size=16,
+                     extra_topk=32, extra_block_size=16, out=True)
+    result = run_case(case, "triton", "cpu", seed=3)
+    assert result.status == "pass", f"{result.message}\nrerun: {result.reproducer()}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("corner", ["all_invalid", "zero_len"])
+def test_nothing_selected_gives_zeros_and_infinite_lse(backend, corner):
+    """A token that selects nothing (every index -1, or both lengths 0): out 0 and lse +inf, sink or
+    not; the other tokens unaffected."""
+    for case in declared(corner):
+        kw = case.build("cpu", 3)
+        lonely = selected(kw) == 0
+        assert lonely.any()
+        out, lse = call(kw, backend)
+        assert torch.all(out[lonely] == 0) and torch.all(lse[lonely] == math.inf)
+        assert torch.isfinite(lse[~lonely]).all()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_minus_one_mid_row_is_skipped(backend):
+    """-1 inside a row's valid prefix skips that entry and does not end the row: the same result as
+    the lists with the valid entries moved to the front and the lengths cut to their count."""
+    for case in declared("pad_middle"):
+        kw = case.build("cpu", 3)
+        compact = dict(kw)
+        for name, lens in (("indices", "topk_lens"), ("extra_indices", "extra_topk_lens")):
+            idx = kw[name]
+            valid = (idx >= 0) & (torch.arange(idx.shape[1]) < kw[lens][:, None])
+            order = torch.sort((~valid).int(), dim=1, stable=True).indices
+            n = valid.sum(1)
+            compact[name] = torch.where(torch.arange(idx.shape[1]) < n[:, None], idx.gather(1, order), -1)
+            compact[lens] = n.to(torch.int32)
+        assert not torch.equal(compact["indices"], kw["indices"])
+        want = dsv4ops.sparse_mla_decode(**compact, backend="reference")
+        judge(case.kwargs, compact, want, kw, dsv4ops.sparse_mla_decode(**kw, backend=backend))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_in_rows_nothing_selects(backend):
+    """NaN in the cache rows that are not selected (past a row's length, or never listed) reaches
+    neither out nor lse, in every layout."""
+    layouts = set()
+    for case in declared("every_layout"):
+        kw = case.build("cpu", 3)
+        layouts.add(kw["layout"])
+        slots = torch.arange(kw["kv_cache"].shape[0] * kw["block_size"])
+        assert formats.read_kv(kw["kv_cache"], kw["layout"], kw["block_size"], slots).isnan().any()
+        out, lse = call(kw, backend)
+        assert torch.isfinite(out).all() and not lse.isnan().any()
+    assert layouts == set(ATTENTION_LAYOUTS)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sink_none_and_infinite(backend):
+    """Sink +inf: out 0, lse as without a sink (lse excludes the sink); sink -inf: the same result
+    as no sink, bit for bit."""
+    for case in declared("sink_inf"):
+        kw = case.build("cpu", 3)
+        plus = kw["attn_sink"] == math.inf
+        assert plus.any() and (kw["attn_sink"] == -math.inf).any()
+        out, lse = call(kw, backend)
+        none_out, none_lse = call(kw, backend, attn_sink=None)
+        assert torch.all(out[:, plus] == 0) and torch.equal(out[:, ~plus], none_out[:, ~plus])
+        if lse is not None:
+            assert torch.equal(lse, none_lse)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_need_lse_false(backend):
+    """``need_lse=False``: lse is None and out is the one ``need_lse=True`` gives."""
+    for case in declared("no_lse"):
+        kw = case.build("cpu", 3)
+        out, lse = call(kw, backend)
+        assert lse is None
+        with_lse, lse = call(kw, backend, need_lse=True)
+        assert lse is not None and torch.equal(out, with_lse)
