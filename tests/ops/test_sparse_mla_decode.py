@@ -118,6 +118,7 @@ def test_decode_nan_sink():
 # a declaration that loses one fails here. Unselected cache rows hold NaN in every case (the input
 # builder's ``filled_cache``), and -1 beyond a row's length alternates with slots of such rows.
 
+HEAD_BLOCK = 16                 # the Triton tests below set decode_block_h to it
 BUILDER_DEFAULTS = dict(sink="random", lens="random", corner=None, need_lse=True, extra_topk=0)
 CORNERS = {
     "all_invalid": lambda p: p["corner"] == "all_invalid",
@@ -125,7 +126,7 @@ CORNERS = {
     "pad_middle": lambda p: p["corner"] == "pad_middle",
     "sink_inf": lambda p: p["sink"] == "inf",                 # +inf on even heads, -inf on odd ones
     "sink_none": lambda p: p["sink"] is None,
-    "padded_heads": lambda p: p["T"] > 0 and p["H"] % 16 != 0,  # H not a multiple of a Triton head block
+    "padded_heads": lambda p: p["T"] > 0 and p["H"] % HEAD_BLOCK != 0,
     "every_layout": lambda p: p["T"] > 0 and p["corner"] is None and p["sink"] == "random" and p["need_lse"],
     "no_lse": lambda p: not p["need_lse"],
 }
@@ -170,17 +171,19 @@ def judge(params: dict, want_kwargs: dict, want, got_kwargs: dict, got) -> None:
 
 @needs_triton
 @pytest.mark.parametrize("corner", list(CORNERS))
-def test_declared_corner_matches_the_reference(corner):
+def test_declared_corner_matches_the_reference(env, corner):
     """The Triton backend against the reference on each declared case of the corner (``out``
     poisoned by run_case where the case passes one)."""
+    env(DSV4OPS_TRITON_TUNING=f"decode_block_h={HEAD_BLOCK}")
     for case in declared(corner):
         result = run_case(case, "triton", "cpu", seed=3)
         assert result.status == "pass", f"{case.id}: {result.message}\nrerun: {result.reproducer()}"
 
 
 @needs_triton
-def test_heads_past_one_triton_head_block():
-    """H = 20: a full head block of 16 (the CPU tuning) then a padded one; on sm90 (64) one padded."""
+def test_heads_past_one_triton_head_block(env):
+    """H = 20: a full head block, then one with 12 padded heads."""
+    env(DSV4OPS_TRITON_TUNING=f"decode_block_h={HEAD_BLOCK}")
     case = make_case("sparse_mla_decode", T=3, H=20, topk=32, layout="fp8_ds_mla", block_size=16,
                      extra_topk=32, extra_block_size=16, out=True)
     result = run_case(case, "triton", "cpu", seed=3)
