@@ -10,6 +10,8 @@ from dsv4ops.examples import layer as layer_example
 from dsv4ops.examples.decode_step import compare_to_reference, make_layer
 from dsv4ops.platform import default_device
 
+from helpers import model_entries
+
 SETTINGS = ["auto"] + [b.name for b in dsv4ops.backends() if b.available and b.name != "reference"]
 
 
@@ -64,8 +66,6 @@ def test_layer_engine_side_metadata_matches_the_model():
     entries (both compressors, over chunks and decode steps) equal the model's whole-sequence
     formulation; the keys gathered for mqa_logits give paged_mqa_logits' scores over the cache;
     the SWA and C128 lists hold exactly the slots of the window and of the entries so far."""
-    from test_compress_semantics import model_entries
-
     for ratio in (4, 128):
         layer = layer_example.make_layer(ratio, CPU_LAYER_SIZES[ratio])
         outputs, caches, _ = layer_example.run_layer(layer, "reference")

@@ -1,6 +1,7 @@
 """Every op's declaration is complete: each table the suite, the bench, the docs and the CLI read
 is a field of its ``OpSpec``, and each must be filled for every op."""
 import inspect
+from pathlib import Path
 
 import pytest
 import torch
@@ -52,3 +53,11 @@ def test_public_names_come_from_the_specs():
         assert getattr(dsv4ops.reference, name).__signature__ == op.signature
         assert registry.get_op(name) is op
     assert tuple(dsv4ops.ops.OPS) == dsv4ops.OP_NAMES
+
+
+def test_op_test_files_name_registered_ops():
+    """tests/ops holds one file per op, test_<op>.py, with that op's own tests (corner cases, paths,
+    hand-built error cases): none for an op that is gone or renamed. (A new op needs none to start
+    with: its declared cases, error inputs and stride family run in the generic suites.)"""
+    files = Path(__file__).with_name("ops").glob("test_*.py")
+    assert {p.stem for p in files} <= {f"test_{name}" for name in OPS}

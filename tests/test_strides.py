@@ -1,9 +1,10 @@
-"""Strided, expanded and aliased arguments, non-finite scales and size limits (issue 16).
+"""Strided, expanded and aliased arguments, generated for every op (issue 16).
 
 Layouts the contract accepts run as the generated family in the conformance matrix
-(``dsv4ops/conformance/strides.py``); here: every layout it does not accept is an ``InputError``
-naming the argument, with nothing written; overlapping written arguments, bad scale values and
-sizes beyond the kernels' index types likewise."""
+(``dsv4ops/conformance/strides.py``); here, generated over every op: every layout it does not
+accept is an ``InputError`` naming the argument, with nothing written; a written argument
+overlapping any other tensor argument likewise. Each op's hand-built cases (partial overlaps, scale
+values, size limits) are in its own file, tests/ops/test_<op>.py."""
 import pytest
 import torch
 
@@ -14,7 +15,8 @@ from dsv4ops.conformance.cases import make_case
 from dsv4ops.conformance.strides import aliased, contiguous_only, restride
 from dsv4ops.ops import OPS
 
-G = lambda: torch.Generator().manual_seed(7)
+from helpers import G, raises_input_error
+
 VARIANTS = ("sliced", "transposed", "expanded")
 BASES = {op.name: op.spec.conformance.stride_bases["quick"] for op in OPS.values()}
 LAYOUTS = {op.name: op.spec.conformance.strides for op in OPS.values()}
@@ -38,17 +40,6 @@ def _rejected_layouts():
 REJECTED = _rejected_layouts()
 
 
-def _raises(op, kw, arg, match=None):
-    """``op(**kw)`` raises an InputError naming ``arg`` and writes nothing."""
-    before = {k: v.clone() for k, v in kw.items() if isinstance(v, torch.Tensor)}
-    pattern = f"{op}: argument '{arg}'" + (f".*{match}" if match else "")
-    for backend in ("reference", "triton"):
-        with pytest.raises(dsv4ops.InputError, match=pattern):
-            getattr(dsv4ops, op)(**kw, backend=backend)
-    for name, t in before.items():
-        assert torch.equal(kw[name].contiguous().view(torch.uint8), t.contiguous().view(torch.uint8)), name
-
-
 @pytest.mark.parametrize("op,params,arg,variant", REJECTED,
                          ids=[f"{op}-{arg}-{v}-{i}" for i, (op, _, arg, v) in enumerate(REJECTED)])
 def test_layout_not_accepted(op, params, arg, variant):
@@ -57,7 +48,7 @@ def test_layout_not_accepted(op, params, arg, variant):
     if t.is_contiguous():
         pytest.skip(f"{variant} {arg} of shape {list(t.shape)} is still contiguous")
     kw[arg] = t
-    _raises(op, kw, arg)
+    raises_input_error(op, kw, arg)
 
 
 def test_every_op_has_a_stride_and_alias_family():
@@ -99,13 +90,8 @@ ALIASED = _aliased_pairs()
 def test_written_argument_overlapping_another(op, params, written, other):
     kw = aliased(make_case(op, **params).build("cpu", 0), written, other)
     if op == "qnorm_rope_kv_insert" and {written, other} == {"out", "q"} and kw["out"].dtype == kw["q"].dtype:
-        pytest.skip("out=q is the in-place form (test_qnorm_out_is_q_in_place)")
-    before = {k: v.clone() for k, v in kw.items() if isinstance(v, torch.Tensor)}
-    for backend in ("reference", "triton"):
-        with pytest.raises(dsv4ops.InputError, match=f"{op}: argument '({written}|{other})' .*overlap"):
-            getattr(dsv4ops, op)(**kw, backend=backend)
-    for name, t in before.items():
-        assert torch.equal(kw[name].contiguous().view(torch.uint8), t.contiguous().view(torch.uint8)), name
+        pytest.skip("out=q is the in-place form (ops/test_qnorm_rope_kv_insert.py::test_qnorm_out_is_q_in_place)")
+    raises_input_error(op, kw, f"({written}|{other})", "overlap")
 
 
 ACCEPTED = [(op, params, arg, v) for op, bases in BASES.items() for params in bases
@@ -155,179 +141,3 @@ def test_overlap_not_judged_on_fake_tensors():
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
         Checker("fp8_einsum").disjoint(OPS["fp8_einsum"].bind(**fake), "out")
-
-
-# --- aliasing ---------------------------------------------------------------------------------
-
-def _qnorm(**kw):
-    return build_inputs("qnorm_rope_kv_insert", "cpu", G(), T=4, H=1, block_size=16, num_blocks=2, **kw)
-
-
-def test_qnorm_out_viewing_kv():
-    kw = _qnorm(layout="bf16")
-    kw["out"] = kw["kv"].view(4, 1, 512)
-    _raises("qnorm_rope_kv_insert", kw, "out", "must not overlap 'kv'")
-
-
-def test_qnorm_cache_viewing_q():
-    kw = _qnorm(layout="fp8_ds_mla")
-    shape, n = kw["kv_cache"].shape, kw["kv_cache"].numel()
-    buf = torch.zeros(n, dtype=torch.uint8)
-    kw["kv_cache"] = buf.view(shape)
-    kw["q"] = buf[4096: 4096 + 4 * 512 * 2].view(torch.bfloat16).view(4, 1, 512)
-    _raises("qnorm_rope_kv_insert", kw, "q", "must not overlap 'kv_cache'")        # written arguments in order
-
-
-def test_qnorm_out_partly_overlapping_q():
-    kw = _qnorm(layout="bf16")
-    buf = torch.zeros(5, 1, 512, dtype=torch.bfloat16)
-    buf[:4] = kw["q"]
-    kw["q"], kw["out"] = buf[:4], buf[1:]
-    _raises("qnorm_rope_kv_insert", kw, "q", "must not overlap 'out'")
-
-
-@pytest.mark.parametrize("backend", ["reference", "triton"])
-def test_qnorm_out_is_q_in_place(backend):
-    """``out=q`` (the very same view) is the in-place form the contract allows."""
-    kw = _qnorm(layout="bf16")
-    want = dsv4ops.qnorm_rope_kv_insert(**{**kw, "q": kw["q"].clone(), "kv_cache": kw["kv_cache"].clone()},
-                                        backend="reference").clone()
-    got = dsv4ops.qnorm_rope_kv_insert(**{**kw, "out": kw["q"]}, backend=backend)
-    assert got.data_ptr() == kw["q"].data_ptr() and torch.equal(got, want)
-
-
-def _decode(layout="bf16"):
-    return build_inputs("sparse_mla_decode", "cpu", G(), T=3, H=4, topk=16, layout=layout, block_size=16)
-
-
-def test_decode_out_viewing_cache():
-    kw = _decode()
-    kw["out"] = kw["kv_cache"].view(-1, 512)[:12].view(3, 4, 512)
-    _raises("sparse_mla_decode", kw, "out", "must not overlap 'kv_cache'")
-
-
-def test_decode_cache_viewing_q():
-    kw = _decode()
-    shape, n = kw["kv_cache"].shape, kw["kv_cache"].numel()
-    buf = kw["kv_cache"].flatten().clone()
-    kw["kv_cache"] = buf.view(shape)
-    kw["q"] = buf[512: 512 + kw["q"].numel()].view(kw["q"].shape)
-    _raises("sparse_mla_decode", kw, "kv_cache", "must not overlap 'q'")
-
-
-def test_einsum_expanded_out():
-    kw = build_inputs("fp8_einsum", "cpu", G(), B=3, H=2, D=128, R=256)
-    kw["out"] = torch.empty(1, 2, 128, dtype=torch.bfloat16).expand(3, 2, 128)
-    _raises("fp8_einsum", kw, "out", "overlap itself")
-
-
-def test_logits_out_overlapping_weights():
-    kw = build_inputs("paged_mqa_logits", "cpu", G(), B=2, next_n=1, context=32, H=4, block_size=16)
-    rows, width = 2, kw["max_context_len"]
-    buf = torch.zeros(rows * width + 8)
-    buf[:8] = kw["weights"].flatten()
-    kw["weights"], kw["out"] = buf[:8].view(2, 4), buf[4:4 + rows * width].view(rows, width)
-    _raises("paged_mqa_logits", kw, "out", "must not overlap 'weights'")
-
-
-def test_topk_out_overlapping_row_ends():
-    kw = build_inputs("indexer_topk", "cpu", G(), R=4, W=64, k=8, mode="ranges")
-    buf = torch.zeros(36, dtype=torch.int32)
-    buf[32:] = kw["row_ends"]
-    kw["row_ends"], kw["out"] = buf[32:], buf[4:36].view(4, 8)
-    _raises("indexer_topk", kw, "out", "must not overlap 'row_ends'")
-
-
-# --- scale values -----------------------------------------------------------------------------
-
-BAD_SCALES = [float("nan"), float("inf"), 0.0, -0.5]
-
-
-@pytest.mark.parametrize("value", BAD_SCALES)
-@pytest.mark.parametrize("name", ["kv_scale", "q_scale"])
-def test_qnorm_scale_tensor_values(name, value):
-    kw = _qnorm(layout="fp8_per_tensor")
-    kw[name] = torch.tensor([value])
-    _raises("qnorm_rope_kv_insert", kw, name, "finite and > 0")
-
-
-@pytest.mark.parametrize("value", BAD_SCALES)
-@pytest.mark.parametrize("name", ["kv_scale", "q_scale", "softmax_scale"])
-def test_decode_scale_values(name, value):
-    kw = _decode("fp8_per_tensor")
-    kw[name] = value if name == "softmax_scale" else torch.tensor([value])
-    _raises("sparse_mla_decode", kw, name)
-
-
-@pytest.mark.parametrize("value", [float("nan"), float("inf")])
-def test_qnorm_eps_finite(value):
-    kw = _qnorm(layout="bf16")
-    kw["eps"] = value
-    _raises("qnorm_rope_kv_insert", kw, "eps")
-
-
-def test_decode_nan_sink():
-    kw = _decode()
-    kw["attn_sink"] = torch.tensor([0.0, float("nan"), float("inf"), -float("inf")])
-    _raises("sparse_mla_decode", kw, "attn_sink", "NaN")
-
-
-@pytest.mark.parametrize("value", BAD_SCALES)
-@pytest.mark.parametrize("name", ["a_scale", "b_scale"])
-def test_einsum_block_scale_values(name, value):
-    kw = build_inputs("fp8_einsum", "cpu", G(), B=3, H=2, D=128, R=256)
-    kw[name] = kw[name].clone()
-    kw[name].view(-1)[1] = value
-    _raises("fp8_einsum", kw, name, "finite and > 0")
-
-
-# --- size limits --------------------------------------------------------------------------------
-
-def test_logits_huge_max_context_len():
-    kw = build_inputs("paged_mqa_logits", "cpu", G(), B=2, next_n=1, context=32, H=4, block_size=16)
-    kw["max_context_len"] = 2 ** 40
-    _raises("paged_mqa_logits", kw, "max_context_len", "at most")
-
-
-def test_logits_zero_block_size_cache():
-    kw = build_inputs("paged_mqa_logits", "cpu", G(), B=2, next_n=1, context=32, H=4, block_size=16)
-    kw["kv_cache"] = torch.empty(7, 0, 1, 132, dtype=torch.uint8)
-    _raises("paged_mqa_logits", kw, "kv_cache", "block_size")
-
-
-def test_topk_huge_k():
-    kw = build_inputs("indexer_topk", "cpu", G(), R=4, W=64, k=8, mode="ranges")
-    kw["k"] = 2 ** 40
-    _raises("indexer_topk", kw, "k", "int32")
-
-
-def test_topk_width_beyond_int32():
-    logits = torch.zeros(1, 1).expand(2, 2 ** 31)             # no memory behind the width
-    with pytest.raises(dsv4ops.InputError, match="indexer_topk: argument 'logits'.*int32"):
-        dsv4ops.indexer_topk(logits, 8, seq_lens=torch.ones(2, dtype=torch.int32))
-
-
-# --- expanded read-only arguments the generated family does not build --------------------------
-
-@pytest.mark.parametrize("backend", ["reference", "triton"])
-def test_topk_expanded_row_starts(backend):
-    kw = build_inputs("indexer_topk", "cpu", G(), R=4, W=300, k=16, mode="ranges")
-    kw["row_starts"] = torch.zeros(1, dtype=torch.int32).expand(4)
-    want = dsv4ops.indexer_topk(**{**kw, "row_starts": torch.zeros(4, dtype=torch.int32)}, backend="reference")
-    got = dsv4ops.indexer_topk(**kw, backend=backend)
-    assert torch.equal(got.sort(1).values, want.sort(1).values)
-
-
-# --- launch limits ------------------------------------------------------------------------------
-
-def test_triton_declines_grids_cuda_cannot_launch():
-    kw = build_inputs("paged_mqa_logits", "cpu", G(), B=2, next_n=1, context=32, H=4, block_size=16)
-    kw["max_context_len"] = 65536 * 128                      # sm90: 128 columns per program
-    with dsv4ops.simulate_platform("cuda", "sm90"):
-        decision = dsv4ops.explain("paged_mqa_logits", **kw)
-    status = next(c.status for c in decision.candidates if c.backend == "triton")
-    assert "CUDA allows 65535" in status
-    kw["max_context_len"] = 65535 * 128
-    with dsv4ops.simulate_platform("cuda", "sm90"):
-        decision = dsv4ops.explain("paged_mqa_logits", **kw)
-    assert "CUDA allows" not in next(c.status for c in decision.candidates if c.backend == "triton")

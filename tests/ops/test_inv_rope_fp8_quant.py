@@ -9,7 +9,7 @@ from dsv4ops.tolerance import calc_diff
 from dsv4ops.sampling import cos_sin_cache, quantize_blocks
 from dsv4ops.reference.impl.rope import cos_sin, rotate
 
-BACKENDS = [b.name for b in dsv4ops.backends() if b.available and b.name in ("reference", "triton")]
+from helpers import BACKENDS
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1,4 +1,7 @@
-"""The Triton top-k's resident search (``_kth_largest``) on whole rows held by one program, for logit
+"""indexer_topk's own tests. Its error inputs are declared in its spec (test_errors.py), its layouts
+and aliases generated (test_strides.py).
+
+The Triton top-k's resident search (``_kth_largest``) on whole rows held by one program, for logit
 distributions that stress an interpolated search: heavy tails spanning many binades, bf16-rounded
 values (long runs of equal keys), few distinct values, ``-inf`` padding, and ``k`` equal to the
 number of valid columns: through the op against the reference (conformance comparison), and the
@@ -8,10 +11,10 @@ import pytest
 import torch
 
 import dsv4ops
-from dsv4ops.conformance import run_case
+from dsv4ops.conformance import build_inputs, run_case
 from dsv4ops.conformance.cases import make_case
 
-TRITON = any(b.name == "triton" and b.available for b in dsv4ops.backends())
+from helpers import G, TRITON, needs_triton, raises_input_error
 
 if TRITON:
     import triton
@@ -29,7 +32,9 @@ if TRITON:
         tl.store(out_ptr + row * 2 + 1, want.to(tl.int64))
 
 
-@pytest.mark.skipif(not TRITON, reason="the Triton backend is not available here")
+# --- the Triton resident search --------------------------------------------------------------
+
+@needs_triton
 @pytest.mark.parametrize("data", ["random", "heavy_tail", "bf16", "ties", "neg_inf"])
 @pytest.mark.parametrize("W,k", [(2048, 64), (1024, 512), (700, 1024)], ids=["2048-64", "1024-512", "k>W"])
 def test_resident_rows_match_the_reference(env, data, W, k):
@@ -55,7 +60,7 @@ ROWS = {"normal": lambda g, n: g.standard_normal(n),
         "one_value": lambda g, n: np.full(n, 3.0)}
 
 
-@pytest.mark.skipif(not TRITON, reason="the Triton backend is not available here")
+@needs_triton
 @pytest.mark.parametrize("rows", list(ROWS))
 def test_search_returns_a_threshold_that_selects_exactly_k(rows):
     """``_kth_largest`` on its own, many rows: ``count(key >= t) >= want`` and either exactly
@@ -78,3 +83,58 @@ def test_search_returns_a_threshold_that_selects_exactly_k(rows):
         kth = np.sort(live)[::-1][want - 1]
         assert at_or_above == want or threshold == kth, (i, at_or_above, want, threshold, kth)
         assert at_or_above >= want
+
+
+# --- the reference against loops -------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["ranges", "decode1d", "decode2d"])
+def test_indexer_topk_matches_loops(gen, mode):
+    kw = build_inputs("indexer_topk", "cpu", gen, R=6, W=40, k=8, mode=mode, next_n=2, data="neg_inf")
+    got = dsv4ops.reference.indexer_topk(**kw)
+    for r in range(6):
+        if mode == "ranges":
+            s, e = int(kw["row_starts"][r]), int(kw["row_ends"][r])
+        else:
+            b, j = divmod(r, 2)
+            L = kw["seq_lens"][b, j].item() if mode == "decode2d" else max(0, int(kw["seq_lens"][b]) - 2 + j + 1)
+            s, e = 0, int(L)
+        vals = sorted(((kw["logits"][r, c].item(), c - s) for c in range(s, e)), reverse=True)
+        want = [v for v, _ in vals[:8]]
+        row = got[r].tolist()
+        m = min(8, max(0, e - s))
+        assert row[m:] == [-1] * (8 - m)
+        assert sorted((kw["logits"][r, s + i].item() for i in row[:m]), reverse=True) == want
+        assert len(set(row[:m])) == m
+
+
+# --- overlapping arguments and size limits ---------------------------------------------------
+
+def test_topk_out_overlapping_row_ends():
+    kw = build_inputs("indexer_topk", "cpu", G(), R=4, W=64, k=8, mode="ranges")
+    buf = torch.zeros(36, dtype=torch.int32)
+    buf[32:] = kw["row_ends"]
+    kw["row_ends"], kw["out"] = buf[32:], buf[4:36].view(4, 8)
+    raises_input_error("indexer_topk", kw, "out", "must not overlap 'row_ends'")
+
+
+def test_topk_huge_k():
+    kw = build_inputs("indexer_topk", "cpu", G(), R=4, W=64, k=8, mode="ranges")
+    kw["k"] = 2 ** 40
+    raises_input_error("indexer_topk", kw, "k", "int32")
+
+
+def test_topk_width_beyond_int32():
+    logits = torch.zeros(1, 1).expand(2, 2 ** 31)             # no memory behind the width
+    with pytest.raises(dsv4ops.InputError, match="indexer_topk: argument 'logits'.*int32"):
+        dsv4ops.indexer_topk(logits, 8, seq_lens=torch.ones(2, dtype=torch.int32))
+
+
+# --- expanded read-only arguments the generated family does not build ------------------------
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_topk_expanded_row_starts(backend):
+    kw = build_inputs("indexer_topk", "cpu", G(), R=4, W=300, k=16, mode="ranges")
+    kw["row_starts"] = torch.zeros(1, dtype=torch.int32).expand(4)
+    want = dsv4ops.indexer_topk(**{**kw, "row_starts": torch.zeros(4, dtype=torch.int32)}, backend="reference")
+    got = dsv4ops.indexer_topk(**kw, backend=backend)
+    assert torch.equal(got.sort(1).values, want.sort(1).values)

@@ -1,4 +1,7 @@
-"""The Triton fp8_einsum loads the tunables choose (pointers or TMA descriptors), each against the
+"""fp8_einsum's own tests. Its error inputs are declared in its spec (test_errors.py), its layouts
+and aliases generated (test_strides.py).
+
+The Triton fp8_einsum loads the tunables choose (pointers or TMA descriptors), each against the
 reference: odd K-step counts,
 group-major and sliced activations, batches that do not fill a row block, outputs narrower than a
 column block; and the TMA variant falling back to pointer loads where descriptors cannot address
@@ -7,11 +10,15 @@ import pytest
 import torch
 
 import dsv4ops
-from dsv4ops.conformance import run_case
+from dsv4ops.conformance import build_inputs, run_case
 from dsv4ops.conformance.cases import make_case
 from dsv4ops.sampling import quantize_blocks
 
-TRITON = any(b.name == "triton" and b.available for b in dsv4ops.backends())
+from helpers import BAD_SCALES, G, bf16, needs_triton, raises_input_error
+
+
+# --- the Triton loads the tunables choose ----------------------------------------------------
+
 TUNABLES = ["einsum_tma=0", "einsum_tma=1", "einsum_tma=1,einsum_block_m=32,einsum_block_n=256", "einsum_block_n=64"]
 CASES = [dict(B=5, H=2, D=128, R=384),                              # 3 K steps
          dict(B=19, H=3, D=256, R=640, group_major=True, out=True),   # [H, B, R] transposed, 5 K steps
@@ -19,7 +26,7 @@ CASES = [dict(B=5, H=2, D=128, R=384),                              # 3 K steps
          dict(B=3, H=2, D=128, R=0)]                                  # no K step: exact zeros
 
 
-@pytest.mark.skipif(not TRITON, reason="the Triton backend is not available here")
+@needs_triton
 @pytest.mark.parametrize("tunables", TUNABLES)
 @pytest.mark.parametrize("params", CASES, ids=lambda p: f"B{p['B']}-D{p['D']}-R{p['R']}")
 def test_einsum_variants_match_the_reference(env, tunables, params):
@@ -38,7 +45,7 @@ def _operands(B, H, D, R, pad, offset):
     return buf[..., :R], a_scale, b, b_scale
 
 
-@pytest.mark.skipif(not TRITON, reason="the Triton backend is not available here")
+@needs_triton
 @pytest.mark.parametrize("pad,offset,tma", [(16, 0, True), (8, 0, False), (0, 1, False)])
 def test_tma_variant_falls_back_where_descriptors_cannot_address_a(env, pad, offset, tma):
     """Strides and bases must be 16-byte multiples for TMA: a row stride of R + 8 or a base one
@@ -57,3 +64,34 @@ def test_descriptor_boxes_are_at_most_256_rows():
     a = torch.zeros(4, 2, 256, dtype=torch.float8_e4m3fn)
     b = torch.zeros(2, 512, 256, dtype=torch.float8_e4m3fn)
     assert _descriptors(a, b, 256, 256) is not None and _descriptors(a, b, 16, 512) is None
+
+
+# --- the reference against loops -------------------------------------------------------------
+
+def test_fp8_einsum_matches_loops(gen):
+    kw = build_inputs("fp8_einsum", "cpu", gen, B=2, H=2, D=128, R=256)
+    got = dsv4ops.reference.fp8_einsum(**kw)
+    a, sa, b, sb = kw["a"].double(), kw["a_scale"].double(), kw["b"].double(), kw["b_scale"].double()
+    for bi in range(2):
+        for h in range(2):
+            for n in (0, 77, 127):
+                want = sum(a[bi, h, r] * sa[bi, h, r // 128] * b[h, n, r] * sb[h, n // 128, r // 128]
+                           for r in range(256))
+                assert got[bi, h, n].item() == pytest.approx(bf16(float(want)), rel=2 ** -8)
+
+
+# --- argument layouts and scale values -------------------------------------------------------
+
+def test_einsum_expanded_out():
+    kw = build_inputs("fp8_einsum", "cpu", G(), B=3, H=2, D=128, R=256)
+    kw["out"] = torch.empty(1, 2, 128, dtype=torch.bfloat16).expand(3, 2, 128)
+    raises_input_error("fp8_einsum", kw, "out", "overlap itself")
+
+
+@pytest.mark.parametrize("value", BAD_SCALES)
+@pytest.mark.parametrize("name", ["a_scale", "b_scale"])
+def test_einsum_block_scale_values(name, value):
+    kw = build_inputs("fp8_einsum", "cpu", G(), B=3, H=2, D=128, R=256)
+    kw[name] = kw[name].clone()
+    kw[name].view(-1)[1] = value
+    raises_input_error("fp8_einsum", kw, name, "finite and > 0")

@@ -1,44 +1,34 @@
-"""compress_kv_insert against the model's own formulation of the compressor: the whole sequence
+"""compress_kv_insert's own tests. Its error inputs are declared in its spec (test_errors.py), its
+layouts and aliases generated (test_strides.py).
+
+compress_kv_insert against the model's own formulation of the compressor: the whole sequence
 pooled at once (windows of ``ratio`` tokens, for ratio 4 overlapped with the previous window
 through the first half of the projections), RMSNorm, RoPE at each window's first position. The
 op sees the same tokens split over several calls (prefill chunks, then decode steps), with the
-state cache carrying the incomplete windows; the compressed entries must agree."""
+state cache carrying the incomplete windows; the compressed entries must agree.
+
+The Triton paths the tunables choose (one program per window, or channel-group pooling programs
+then the entry writes; several tokens per state-copy program), each against the reference:
+conformance cases with token counts that do not divide by the copy's tokens per program."""
 import pytest
 import torch
 
 import dsv4ops
 from dsv4ops import formats
+from dsv4ops.conformance import run_case
+from dsv4ops.conformance.cases import make_case
 from dsv4ops.sampling import cos_sin_cache
 from dsv4ops.formats import COMPRESSED_LAYOUTS
-from dsv4ops.reference.impl.rope import rotate
+
+from helpers import BACKENDS, model_entries, needs_triton
 
 
-def model_entries(kv, score, ape, weight, eps, ratio, cs):
-    """bf16-valued fp32 entries [L // ratio, D], the way the model computes them for a prompt."""
-    c = formats.window_overlap(ratio)
-    D = kv.shape[1] // c
-    n = kv.shape[0] // ratio
-    kv = kv[: n * ratio].view(n, ratio, c * D)
-    score = score[: n * ratio].view(n, ratio, c * D) + ape
-    if c == 2:                                  # window i = previous window's tokens (dims [0, D)) + its own ([D, 2D))
-        kv2 = kv.new_zeros(n, 2 * ratio, D)
-        sc2 = score.new_full((n, 2 * ratio, D), float("-inf"))
-        kv2[:, ratio:], sc2[:, ratio:] = kv[:, :, D:], score[:, :, D:]
-        kv2[1:, :ratio], sc2[1:, :ratio] = kv[:-1, :, :D], score[:-1, :, :D]
-        kv, score = kv2, sc2
-    pooled = (kv * score.softmax(dim=1)).sum(dim=1)
-    normed = pooled * torch.rsqrt(pooled.square().mean(-1, keepdim=True) + eps) * weight
-    rows = cs[torch.arange(n) * ratio]
-    return rotate(normed, rows[:, :32], rows[:, 32:]).to(torch.bfloat16).float()
-
+# --- chunked calls against the model's formulation -------------------------------------------
 
 def decoded(cache, layout, block_size, n):
     if layout == "fp8_ds_mla":
         return formats.read_kv(cache, layout, block_size, torch.arange(n))
     return formats.unpack_index_keys(cache).reshape(-1, formats.INDEX_DIM)[:n]
-
-
-BACKENDS = [b.name for b in dsv4ops.backends() if b.available and b.name in ("reference", "triton")]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -85,3 +75,24 @@ def test_chunked_calls_match_the_model(backend, layout, ratio, length, cuts):
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got, ref, rtol=2 ** -3, atol=1e-6)    # within one fp8 step
     assert (got == ref).float().mean() > 0.99                          # and almost all bit-equal
+
+
+# --- the Triton paths ------------------------------------------------------------------------
+
+PATH_CASES = [dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 9), (5, 1), (7, 1), (30, 6)), block_size=4, pad=1, dp_pad=1),
+         dict(layout="index_fp8", ratio=4, reqs=((2, 7), (11, 2), (0, 4)), block_size=8, skip_slot=True, pad=1),
+         dict(layout="fp8_ds_mla", ratio=128, reqs=((100, 30), (127, 2), (0, 3)), block_size=2, pad=1, decode=3)]
+
+
+@needs_triton
+@pytest.mark.parametrize("tunables", [
+    "compress_channels_c4=32,compress_chunk=4,compress_save_elems=4096",
+    "compress_channels_c4=128,compress_channels_c128=512,compress_save_elems=512",
+    "compress_channels_c128=16,compress_chunk=64,compress_pool_warps=2,compress_pool_tokens=1",
+    "compress_channels_c4=64,compress_pool_tokens=4,compress_tokens=8",
+    "compress_tokens=4,compress_channels_c128=1024"])
+@pytest.mark.parametrize("params", PATH_CASES, ids=lambda p: f"{p['layout']}-C{p['ratio']}")
+def test_compress_paths_match_the_reference(env, tunables, params):
+    env(DSV4OPS_TRITON_TUNING=tunables)
+    result = run_case(make_case("compress_kv_insert", **params), "triton", "cpu", seed=5)
+    assert result.status == "pass", f"{result.message}\nrerun: {result.reproducer()}"
