@@ -70,9 +70,9 @@ def main(argv) -> int:
     JITFunction.run = compile_only
 
     import dsv4ops
+    from dsv4ops import registry
     from dsv4ops.conformance.cases import cases
     from dsv4ops.ops import OP_NAMES, OPS
-    from dsv4ops import registry
 
     failures = 0
     triton = registry.get_backend("triton")

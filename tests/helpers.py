@@ -5,10 +5,10 @@ Importable as ``helpers`` from every test folder: tests/ has no ``__init__.py``,
 folder of the root conftest (tests/) on ``sys.path``."""
 import pytest
 import torch
+from dsv4ops.reference.impl.rope import rotate
 
 import dsv4ops
 from dsv4ops import formats
-from dsv4ops.reference.impl.rope import rotate
 
 TRITON = any(b.name == "triton" and b.available for b in dsv4ops.backends())
 needs_triton = pytest.mark.skipif(not TRITON, reason="the Triton backend is not available here")

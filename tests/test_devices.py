@@ -4,11 +4,9 @@ import pytest
 import torch
 
 import dsv4ops
-from dsv4ops.ops import OPS
-from dsv4ops import OP_NAMES
-from dsv4ops import selection, tensor_guard
+from dsv4ops import OP_NAMES, selection, tensor_guard
 from dsv4ops.conformance import run_case, run_matrix, select_cases, typical_case
-
+from dsv4ops.ops import OPS
 
 
 def _tensor_args(op):

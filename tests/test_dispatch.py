@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import dsv4ops
-from dsv4ops import tensor_guard, registry, selection, settings
+from dsv4ops import registry, selection, settings, tensor_guard
 from dsv4ops.backend_support import arch_in
 from dsv4ops.conformance import build_inputs
 from dsv4ops.registry import Backend, register_backend, unregister_backend
@@ -372,6 +372,7 @@ def test_resident_topk_programs_stay_within_1024_threads(vendor, arch, lanes, wa
     has 64 lanes, so the default 32768-key block gets 16 warps there, 32 elsewhere."""
     from dsv4ops.backends.triton.indexer_topk import resident_warps
     from dsv4ops.backends.triton.tuning import warp_lanes
+
     from dsv4ops.platform import Platform
     assert warp_lanes(Platform(vendor, arch, "test GPU")) == lanes
     assert resident_warps(32768, 32, lanes) == warps
@@ -381,6 +382,7 @@ def test_resident_topk_programs_stay_within_1024_threads(vendor, arch, lanes, wa
 
 def test_triton_tuning_warps_are_limited_by_the_gpus_warp_width(env):
     from dsv4ops.backends.triton.tuning import tuning
+
     from dsv4ops.platform import Platform
     cdna, hopper = Platform("rocm", "gfx942", "test GPU"), Platform("cuda", "sm90", "test GPU")
     env(DSV4OPS_TRITON_TUNING="topk_warps=32")

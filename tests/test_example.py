@@ -3,14 +3,13 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import model_entries
 
 import dsv4ops
 from dsv4ops import formats
 from dsv4ops.examples import layer as layer_example
 from dsv4ops.examples.decode_step import compare_to_reference, make_layer
 from dsv4ops.platform import default_device
-
-from helpers import model_entries
 
 SETTINGS = ["auto"] + [b.name for b in dsv4ops.backends() if b.available and b.name != "reference"]
 

@@ -7,6 +7,7 @@ overlapping any other tensor argument likewise. Each op's hand-built cases (part
 values, size limits) are in its own file, tests/ops/test_<op>.py."""
 import pytest
 import torch
+from helpers import G, raises_input_error
 
 import dsv4ops
 from dsv4ops.checker import byte_span, self_overlapping, spans_intersect
@@ -14,8 +15,6 @@ from dsv4ops.conformance import build_inputs
 from dsv4ops.conformance.cases import make_case
 from dsv4ops.conformance.strides import aliased, contiguous_only, restride
 from dsv4ops.ops import OPS
-
-from helpers import G, raises_input_error
 
 VARIANTS = ("sliced", "transposed", "expanded")
 BASES = {op.name: op.spec.conformance.stride_bases["quick"] for op in OPS.values()}
@@ -135,6 +134,7 @@ def test_overlap_helpers():
 def test_overlap_not_judged_on_fake_tensors():
     """Under tracing (FakeTensor) there are no addresses: the overlap check stands aside."""
     from torch._subclasses.fake_tensor import FakeTensorMode
+
     from dsv4ops.checker import Checker
     from dsv4ops.ops import OPS
     kw = build_inputs("fp8_einsum", "cpu", G(), B=3, H=2, D=128, R=256, out=True)

@@ -1,7 +1,8 @@
 """Capability checks that depend on which vendor build is installed read declared data (the
 distribution's name and version), never launch a kernel."""
-import dsv4ops
 from dsv4ops.backends import flashmla
+
+import dsv4ops
 
 
 def test_flashmla_build_without_sm90_kernels_is_declined_on_sm90(monkeypatch):

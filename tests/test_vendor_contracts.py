@@ -9,14 +9,13 @@ import sys
 
 import pytest
 import torch
+from fakes import flashinfer as fake_flashinfer
+from fakes import reprobed
 
 import dsv4ops
 from dsv4ops.conformance import cases, run_case
-from dsv4ops.ops import OPS
 from dsv4ops.conformance.cases import make_case
-
-from fakes import flashinfer as fake_flashinfer
-from fakes import reprobed
+from dsv4ops.ops import OPS
 
 
 @pytest.fixture
@@ -493,7 +492,10 @@ def test_adapter_calls_bind_to_installed_signatures(monkeypatch, vendor, module,
         pytest.skip(f"{dist} is not importable here ({type(exc).__name__}: {str(exc)[:100]}); "
                     "the drift check runs where it installs")
     real = {}
-    from fakes import aiter as fake_aiter, deep_gemm as fake_dg, flashinfer as fake_fi, flashmla as fake_flashmla
+    from fakes import aiter as fake_aiter
+    from fakes import deep_gemm as fake_dg
+    from fakes import flashinfer as fake_fi
+    from fakes import flashmla as fake_flashmla
     fakes = {"aiter": fake_aiter, "flashinfer": fake_fi, "flashmla": fake_flashmla, "deepgemm": fake_dg}[vendor].CALLED
     for path in fakes:
         try:

@@ -10,16 +10,15 @@ import types
 
 import pytest
 import torch
-
-import dsv4ops
 from dsv4ops.backends.deepselect import topk_inputs
-from dsv4ops.conformance import cases
-from dsv4ops.ops import OPS
-from dsv4ops.conformance.cases import make_case
-
 from fakes import deep_select as fake_ds
 from fakes import reprobed
 from test_vendor_contracts import _bind_all, _recording, _simulated
+
+import dsv4ops
+from dsv4ops.conformance import cases
+from dsv4ops.conformance.cases import make_case
+from dsv4ops.ops import OPS
 
 DIST = "tokenspeed-deepselect"
 

@@ -12,16 +12,15 @@ then the entry writes; several tokens per state-copy program), each against the 
 conformance cases with token counts that do not divide by the copy's tokens per program."""
 import pytest
 import torch
+from helpers import BACKENDS, model_entries, needs_triton
 
 import dsv4ops
 from dsv4ops import formats
-from dsv4ops.conformance import run_case
+from dsv4ops.conformance import build_inputs, run_case
 from dsv4ops.conformance.cases import make_case
-from dsv4ops.sampling import cos_sin_cache
 from dsv4ops.formats import COMPRESSED_LAYOUTS
-
-from helpers import BACKENDS, model_entries, needs_triton
-
+from dsv4ops.ops import OPS
+from dsv4ops.sampling import cos_sin_cache
 
 # --- chunked calls against the model's formulation -------------------------------------------
 
@@ -96,3 +95,57 @@ def test_compress_paths_match_the_reference(env, tunables, params):
     env(DSV4OPS_TRITON_TUNING=tunables)
     result = run_case(make_case("compress_kv_insert", **params), "triton", "cpu", seed=5)
     assert result.status == "pass", f"{result.message}\nrerun: {result.reproducer()}"
+
+
+# Contract decision (docs/ops.md): what this input produces, or that it raises.
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_compress_slots_of_tokens_that_complete_no_entry_are_not_read(backend):
+    """§9: slot_mapping is read only for tokens that complete an entry; any value elsewhere (here far
+    out of range) is accepted and writes nothing, while an out-of-range slot for a completing
+    token is an InputError."""
+    kw = build_inputs("compress_kv_insert", "cpu", torch.Generator().manual_seed(11), layout="fp8_ds_mla", ratio=4, reqs=((0, 9), (5, 6)),
+                      block_size=4)
+    n = kw["state_slot_mapping"].shape[0]
+    completes = (kw["state_slot_mapping"] >= 0) & ((kw["positions"][:n] + 1) % 4 == 0)
+    ref = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    dsv4ops.compress_kv_insert(**ref, backend="reference")
+    wild = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    wild["slot_mapping"] = torch.where(completes, wild["slot_mapping"], 1 << 40)
+    dsv4ops.compress_kv_insert(**wild, backend=backend)
+    assert OPS["compress_kv_insert"].spec.conformance.compare({}, ref, None, wild, None).ok
+    bad = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    bad["slot_mapping"] = torch.where(completes, 1 << 40, bad["slot_mapping"])
+    with pytest.raises(dsv4ops.InputError, match="'slot_mapping'.*complete"):
+        dsv4ops.compress_kv_insert(**bad, backend=backend)
+
+
+# Contract decision (docs/ops.md): what this input produces, or that it raises.
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_compress_nan_stays_in_the_entries_whose_window_reads_it(backend):
+    """§9: a NaN in a token's kv or score is copied into its state row exactly; only the entries
+    whose window pools that token are unspecified, every other written byte is as without it."""
+    kw = build_inputs("compress_kv_insert", "cpu", torch.Generator().manual_seed(11), layout="fp8_ds_mla", ratio=4, reqs=((0, 16),), block_size=4)
+    clean = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    dsv4ops.compress_kv_insert(**clean, backend="reference")
+    dirty = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+    p0 = 5
+    row = int((dirty["positions"] == p0).nonzero()[0])
+    dirty["kv"][row, 7] = float("nan")
+    dsv4ops.compress_kv_insert(**dirty, backend=backend)
+    state_slot = int(dirty["state_slot_mapping"][row])
+    got_state, want_state = dirty["state_cache"].view(-1, dirty["state_cache"].shape[-1]), \
+        clean["state_cache"].view(-1, clean["state_cache"].shape[-1])
+    assert got_state[state_slot, 7].isnan()
+    others = torch.arange(got_state.shape[0]) != state_slot
+    assert torch.equal(got_state[others].view(torch.int32), want_state[others].view(torch.int32))
+    # C4 windows pool 8 positions: entries completed at positions 7 and 11 read position 5
+    n = dirty["positions"].shape[0]
+    completes = (dirty["positions"][:n] + 1) % 4 == 0
+    reads = completes & (dirty["positions"][:n] >= p0) & (dirty["positions"][:n] - 8 < p0)
+    unspecified = dirty["slot_mapping"][reads]
+    cache_got, cache_want = dirty["kv_cache"], clean["kv_cache"]
+    owned = torch.zeros_like(cache_got, dtype=torch.bool)
+    data, scales = dsv4ops.formats.ds_mla_views(owned, 4)
+    data[unspecified // 4, unspecified % 4] = True
+    scales[unspecified // 4, unspecified % 4] = True
+    assert torch.equal(cache_got[~owned], cache_want[~owned])

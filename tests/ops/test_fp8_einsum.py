@@ -8,14 +8,12 @@ column block; and the TMA variant falling back to pointer loads where descriptor
 the operands."""
 import pytest
 import torch
+from helpers import BAD_SCALES, G, bf16, needs_triton, raises_input_error
 
 import dsv4ops
 from dsv4ops.conformance import build_inputs, run_case
 from dsv4ops.conformance.cases import make_case
 from dsv4ops.sampling import quantize_blocks
-
-from helpers import BAD_SCALES, G, bf16, needs_triton, raises_input_error
-
 
 # --- the Triton loads the tunables choose ----------------------------------------------------
 

@@ -9,17 +9,15 @@ search alone against the property its threshold must have."""
 import numpy as np
 import pytest
 import torch
+from helpers import TRITON, G, needs_triton, raises_input_error
 
 import dsv4ops
 from dsv4ops.conformance import build_inputs, run_case
 from dsv4ops.conformance.cases import make_case
 
-from helpers import G, TRITON, needs_triton, raises_input_error
-
 if TRITON:
     import triton
     import triton.language as tl
-
     from dsv4ops.backends.triton.indexer_topk import _kth_largest
 
     @triton.jit

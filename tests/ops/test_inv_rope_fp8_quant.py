@@ -3,13 +3,13 @@
 every available backend, and RoPE followed by the inverse rotation gives the input back."""
 import pytest
 import torch
+from dsv4ops.reference.impl.rope import cos_sin, rotate
+from helpers import BACKENDS
 
 import dsv4ops
-from dsv4ops.tolerance import calc_diff
+from dsv4ops.conformance import build_inputs
 from dsv4ops.sampling import cos_sin_cache, quantize_blocks
-from dsv4ops.reference.impl.rope import cos_sin, rotate
-
-from helpers import BACKENDS
+from dsv4ops.tolerance import calc_diff
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -29,3 +29,21 @@ def test_chain_matches_the_o_projection(backend):
     want = torch.einsum("tgk,gdk->tgd", unrotated, w)
     assert calc_diff(z, want) < 1e-3          # e4m3 activations (measured 3e-4); no inverse RoPE gives 8e-2
     assert torch.allclose(unrotated.float(), x.reshape(T, G, -1), atol=2e-2, rtol=2 ** -7)
+
+
+# Contract decision (docs/ops.md): what this input produces, or that it raises.
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_inv_rope_nan_stays_in_its_block(backend):
+    """§8: a NaN in o makes only the 1x128 blocks it reaches (after the inverse RoPE, which mixes a
+    head's last 64 values in pairs) unspecified; every other block is quantized as without it."""
+    kw = build_inputs("inv_rope_fp8_quant", "cpu", torch.Generator().manual_seed(11), T=3, H=4, n_groups=2)
+    clean_a, clean_s = dsv4ops.inv_rope_fp8_quant(**kw, backend="reference")
+    o = kw["o"].clone()
+    o[1, 2, 470] = float("nan")                   # token 1, head 2, a RoPE value: block 3 of that head
+    a, scale = dsv4ops.inv_rope_fp8_quant(**dict(kw, o=o), backend=backend)
+    blocks = a.view(torch.uint8).view(3, 2, -1, 128)
+    want = clean_a.view(torch.uint8).view(3, 2, -1, 128)
+    hit = torch.zeros(3, 2, blocks.shape[2], dtype=torch.bool)
+    hit[1, 1, (2 % 2) * 4 + 3] = True             # group 1 holds heads 2-3: head 2's fourth block
+    assert torch.equal(blocks[~hit], want[~hit])
+    assert torch.equal(scale.view(3, 2, -1)[~hit], clean_s.view(3, 2, -1)[~hit])

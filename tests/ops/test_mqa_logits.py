@@ -5,13 +5,12 @@ import importlib
 
 import pytest
 import torch
+from helpers import G, raises_input_error
 
 import dsv4ops
 from dsv4ops.conformance import build_inputs
 from dsv4ops.conformance.strides import aliased
-
-from helpers import G, raises_input_error
-
+from dsv4ops.ops import OPS
 
 # --- the reference against loops -------------------------------------------------------------
 
@@ -62,3 +61,21 @@ def test_zero_heads():
     raises_input_error("mqa_logits", kw, "q", "at least one head")
     with pytest.raises(dsv4ops.InputError, match="mqa_logits: argument 'q'"):
         dsv4ops.reference.mqa_logits(**kw)
+
+
+# Contract decision (docs/ops.md): what this input produces, or that it raises.
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_mqa_logits_scales_of_uncovered_keys_are_not_read(backend):
+    """§11: k_scale must be finite and > 0 on the keys some row's [ks, ke) covers; the others (the
+    builder makes them NaN) are never read, so 0 or -1 there is fine and changes nothing."""
+    kw = build_inputs("mqa_logits", "cpu", torch.Generator().manual_seed(11), T=6, S=40, H=8, ranges="random", clean=True)
+    uncovered = kw["k_scale"].isnan()
+    assert uncovered.any()
+    want = dsv4ops.mqa_logits(**kw, backend="reference")
+    zeroed = dict(kw, k_scale=torch.where(uncovered, -1.0, kw["k_scale"]))
+    got = dsv4ops.mqa_logits(**zeroed, backend=backend)
+    assert OPS["mqa_logits"].spec.conformance.compare({}, kw, want, zeroed, got).ok
+    covered = int((~uncovered).nonzero()[0])
+    with pytest.raises(dsv4ops.InputError, match="'k_scale'.*covers.*finite and > 0"):
+        dsv4ops.mqa_logits(**dict(zeroed, k_scale=torch.where(torch.arange(40) == covered, 0.0, zeroed["k_scale"])),
+                           backend=backend)

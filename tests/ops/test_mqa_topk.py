@@ -1,9 +1,9 @@
 """mqa_topk (docs/ops.md §13): the Triton implementation computes logits for chunks of query rows
 inside a fixed workspace and selects exactly what the composition selects."""
 import torch
+from dsv4ops.backends.triton import paged_mqa_topk as workspace
 
 import dsv4ops
-from dsv4ops.backends.triton import paged_mqa_topk as workspace
 from dsv4ops.conformance import build_inputs, make_case, run_case
 
 

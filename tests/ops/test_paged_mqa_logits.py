@@ -3,13 +3,11 @@ size limits and the grids CUDA cannot launch. Its error inputs are declared in i
 (test_errors.py), its layouts and aliases generated (test_strides.py)."""
 import pytest
 import torch
+from helpers import G, raises_input_error
 
 import dsv4ops
 from dsv4ops import formats
 from dsv4ops.conformance import build_inputs
-
-from helpers import G, raises_input_error
-
 
 # --- the reference against loops -------------------------------------------------------------
 

@@ -2,9 +2,9 @@
 workspace, chunk by chunk, and still selects exactly what the composition selects."""
 import pytest
 import torch
+from dsv4ops.backends.triton import paged_mqa_topk as triton_paged_topk
 
 import dsv4ops
-from dsv4ops.backends.triton import paged_mqa_topk as triton_paged_topk
 from dsv4ops.conformance import build_inputs, make_case, run_case
 
 G = lambda: torch.Generator().manual_seed(5)

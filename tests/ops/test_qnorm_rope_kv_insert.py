@@ -5,12 +5,10 @@ import math
 
 import pytest
 import torch
+from helpers import BAD_SCALES, G, bf16, raises_input_error
 
 import dsv4ops
 from dsv4ops.conformance import build_inputs
-
-from helpers import BAD_SCALES, G, bf16, raises_input_error
-
 
 # --- the reference against loops -------------------------------------------------------------
 

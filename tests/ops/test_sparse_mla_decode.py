@@ -8,6 +8,7 @@ import struct
 
 import pytest
 import torch
+from helpers import BACKENDS, BAD_SCALES, G, needs_triton, raises_input_error
 
 import dsv4ops
 from dsv4ops import formats
@@ -15,9 +16,6 @@ from dsv4ops.conformance import build_inputs, cases, run_case
 from dsv4ops.conformance.cases import make_case
 from dsv4ops.ops import OPS
 from dsv4ops.shapes import ATTENTION_LAYOUTS
-
-from helpers import BACKENDS, BAD_SCALES, G, needs_triton, raises_input_error
-
 
 # --- the reference against loops -------------------------------------------------------------
 
@@ -90,7 +88,7 @@ def test_decode_out_viewing_cache():
 
 def test_decode_cache_viewing_q():
     kw = _decode()
-    shape, n = kw["kv_cache"].shape, kw["kv_cache"].numel()
+    shape = kw["kv_cache"].shape
     buf = kw["kv_cache"].flatten().clone()
     kw["kv_cache"] = buf.view(shape)
     kw["q"] = buf[512: 512 + kw["q"].numel()].view(kw["q"].shape)
