@@ -1,6 +1,7 @@
 """Contract tests for vendor paths that cannot run on this machine: the adapter's own code runs end
 to end against a fake of the vendor entry point (tests/fakes), judged by the conformance rules on
 a simulated platform; and the capability checks decline where the vendor kernel cannot run."""
+import ast
 import functools
 import importlib
 import inspect
@@ -455,6 +456,11 @@ def _record_flashmla(monkeypatch):
     with reprobed(monkeypatch, "flashmla"):
         _run_all("sparse_mla_prefill", "flashmla", "sm90")
         _run_all("sparse_mla_prefill", "flashmla", "sm100")
+        with dsv4ops.simulate_platform("cuda", "sm90"):     # decode: the calls only (the fake returns zeros)
+            for extra in ({}, dict(extra_topk=64, extra_block_size=64)):
+                kw = make_case("sparse_mla_decode", T=2, H=8, topk=64, layout="fp8_ds_mla", sink="random",
+                               **extra).build("cpu", 0)
+                dsv4ops.sparse_mla_decode(**kw, backend="flashmla")
     return fake_flashmla.CALLED, calls
 
 
@@ -471,6 +477,21 @@ def _record_deepgemm(monkeypatch, generation):
 
 RECORDERS = {"aiter": _record_aiter, "flashinfer": _record_flashinfer, "flashmla": _record_flashmla,
              **{f"deepgemm-{g}": functools.partial(_record_deepgemm, generation=g) for g in DEEPGEMM_GENERATIONS}}
+
+
+def source_signature(fn: ast.FunctionDef) -> inspect.Signature:
+    """The parameter list of a function definition read from source or a stub (names, kinds, presence of
+    defaults), for releases that cannot be imported here."""
+    P, a = inspect.Parameter, fn.args
+    positional = [(x, P.POSITIONAL_ONLY) for x in a.posonlyargs] + [(x, P.POSITIONAL_OR_KEYWORD) for x in a.args]
+    first_default = len(positional) - len(a.defaults)
+    params = [P(x.arg, kind, default=None if i >= first_default else P.empty)
+              for i, (x, kind) in enumerate(positional)]
+    params += [P(a.vararg.arg, P.VAR_POSITIONAL)] if a.vararg else []
+    params += [P(x.arg, P.KEYWORD_ONLY, default=P.empty if d is None else None)
+               for x, d in zip(a.kwonlyargs, a.kw_defaults)]
+    params += [P(a.kwarg.arg, P.VAR_KEYWORD)] if a.kwarg else []
+    return inspect.Signature(params)
 
 
 def _bind_all(calls, signature_of):
