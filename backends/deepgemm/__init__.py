@@ -13,9 +13,11 @@ import threading
 from dsv4ops.backend_support import all_of, declared_signature, import_probe
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
+from dsv4ops.vendor_wheels import install_hint
 
 _DESCRIPTION = "DeepGEMM paged and prefill MQA logits, fp8 einsum (SM90 recipe)"
-_import = import_probe("deep_gemm", '"dsv4ops[deepgemm]" (tokenspeed-deepgemm)', needs=("get_paged_mqa_logits_metadata",))
+_import = import_probe("deep_gemm", f"tokenspeed-deepgemm, {install_hint(('tokenspeed-deepgemm',))}",
+                       needs=("get_paged_mqa_logits_metadata",))
 
 
 def api_generation(fp8_fp4_params: tuple[str, ...] | None, has_legacy: bool) -> str | None:
@@ -44,13 +46,13 @@ def api() -> str | None:
 
 
 def _probe() -> str | None:
+    """The import probe, then the API generation (shown in the description; an unknown one is a reason)."""
     reason = _import()
-    if reason is None:
-        generation = api()
-        if generation is None:
-            return ("deep_gemm declares an unknown fp8_fp4_mqa_logits (neither API 2.5's clean_logits nor API 2.8's "
-                    "max_seqlen_k, schedule_meta): unsupported version")
-        BACKEND.description = f"{_DESCRIPTION}; installed: API {generation}"
+    generation = api() if reason is None else None
+    BACKEND.description = _DESCRIPTION + (f"; installed: API {generation}" if generation else "")
+    if reason is None and generation is None:
+        return ("deep_gemm declares an unknown fp8_fp4_mqa_logits (neither API 2.5's clean_logits nor API 2.8's "
+                "max_seqlen_k, schedule_meta): unsupported version")
     return reason
 
 
