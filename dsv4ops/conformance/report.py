@@ -65,7 +65,8 @@ DeepSelect read from the installed `deep_select/interface.py`: it imports only w
 downloads without installing (`tests/test_vendor_wheels.py`: DeepGEMM's `_C.pyi`, FlashMLA's interface).
 The DeepGEMM and FlashMLA rows are the generations newer than the ones run on the H100 above
 (tokenspeed-deepgemm 2.5.0.post20260604, tokenspeed-flashmla 1.0.0.post20260615, which CI's wheel check
-also covers); they need torch 2.14 and did not load next to the H100's torch 2.11.
+also covers); they are built for torch 2.14 (builds newer than those did not import next to the
+H100's torch 2.11), so they have not run on hardware.
 
 ```
 backend     op                    how                      vendor entry point (release)
