@@ -142,6 +142,21 @@ def test_deepgemm_contract(monkeypatch, generation):
         assert ran
 
 
+@pytest.mark.parametrize("generation, served", [("2.8", True), ("2.5", False), ("legacy", False)])
+def test_deepgemm_paged_32_heads(monkeypatch, generation, served):
+    """2.8's paged kernel takes 32 or 64 heads (attention.hpp); earlier generations are served with 64 only."""
+    from fakes import deep_gemm as fake_deep_gemm
+    fake_deep_gemm.install(monkeypatch, generation)
+    case = make_case("paged_mqa_logits", B=3, next_n=2, context=200, H=32, block_size=64, lens_dim=1, clean=True)
+    with reprobed(monkeypatch, "deepgemm"), dsv4ops.simulate_platform("cuda", "sm90"):
+        result = run_case(case, "deepgemm", "cpu", seed=3)
+    if served:
+        assert result.status == "pass", result.message
+    else:
+        assert (result.status, result.message) == (
+            "skip", f"H=32: DeepGEMM API {generation}'s paged kernel is built for 64 indexer heads"), result.message
+
+
 @pytest.mark.parametrize("generation", DEEPGEMM_GENERATIONS)
 def test_deepgemm_declines_sm100_with_the_reason(monkeypatch, generation):
     """The SM100 recipe (MX scales, bf16 weights and logits) is not adapted: declined, naming the API

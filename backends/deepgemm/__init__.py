@@ -70,16 +70,20 @@ def sm90_recipe(sm100_needs: str):
     return check
 
 
-# From 2.8's csrc/apis/attention.hpp (check_mqa_logits_q_and_weights, the paged call's `indices`).
+# From 2.8's csrc/apis/attention.hpp (check_mqa_logits_q_and_weights, out_dtype, the paged call's `indices`).
+# bf16 logits round by up to 2^-9 of a value, where docs/ops.md §3 allows 1e-4 of the products' magnitudes.
 _SM100_LOGITS = sm90_recipe("MX (UE8M0, int32-packed) q and key scales, bf16 weights and, paged, `indices` with "
-                            "next_n 1; dsv4ops' index keys carry fp32 scales")
+                            "next_n 1, and returns bf16 logits (rounding above the op's 1e-4 bound); dsv4ops' "
+                            "index keys carry fp32 scales")
 _SM100_EINSUM = sm90_recipe("packed UE8M0 block scales")
 
 
 def logits_shapes(plat: Platform, call) -> str | None:
+    """Paged SM90: 64 heads (2.8's attention.hpp: 32 or 64), next_n 1 or 2, 64-token key pages."""
     _, next_n, H, _ = call.q.shape
-    if H != 64:
-        return f"H={H}: the kernels are built for 64 indexer heads"
+    heads = (32, 64) if api() == "2.8" else (64,)
+    if H not in heads:
+        return f"H={H}: DeepGEMM API {api()}'s paged kernel is built for {' or '.join(map(str, heads))} indexer heads"
     if next_n not in (1, 2):
         return f"next_n={next_n} unsupported on SM90 (1 or 2)"
     if call.kv_cache.shape[1] != 64:
