@@ -119,3 +119,23 @@ def test_info_fits_120_columns(capsys, monkeypatch, verbose):
     reason = "flashmla unavailable: cannot import flash_mla (ModuleNotFoundError: import of flash_mla halted; None in sys.modules)"
     assert reason in joined
     assert (f"install tokenspeed-flashmla, {install_hint(('tokenspeed-flashmla',))}" in joined) == verbose
+
+
+def test_vendor_wheel_table():
+    """The pip line per torch (--no-deps: the torch 2.14 builds pin torch==2.14.0), none for a torch
+    without a known build, and the [flashmla] / [deepgemm] extras pin the torch 2.11 row (no torch declared)."""
+    import pathlib
+    import tomllib
+
+    from dsv4ops.vendor_wheels import WHEELS, install_hint, install_line
+
+    assert install_line("2.14.1+cu130") == ("pip install --no-deps tokenspeed-deepgemm==2.8.2.post20261020 "
+                                            "tokenspeed-flashmla==1.0.0.post20260924")
+    assert install_line("2.13.0+cpu") is None
+    assert install_hint(("tokenspeed-flashmla",), "2.13.0+cpu") == (
+        "no tokenspeed-flashmla build known for torch 2.13 (torch 2.11: tokenspeed-flashmla==1.0.0.post20260615; "
+        "torch 2.14: tokenspeed-flashmla==1.0.0.post20260924)")
+    extras = tomllib.loads((pathlib.Path(__file__).parent.parent / "pyproject.toml").read_text())
+    extras = extras["project"]["optional-dependencies"]
+    assert extras["deepgemm"] == [f"tokenspeed-deepgemm=={WHEELS['2.11']['tokenspeed-deepgemm']}"]
+    assert extras["flashmla"] == [f"tokenspeed-flashmla=={WHEELS['2.11']['tokenspeed-flashmla']}"]
