@@ -115,7 +115,7 @@ def _plant(wheel: pathlib.Path, folder: pathlib.Path, old: str, new: str) -> pat
     # the generation marker changed: the adapter would not know the API (nothing is called)
     ("    max_seqlen_k: int,\n    schedule_meta", "    max_seqlen: int,\n    schedule_meta",
      "declares an API generation the adapter does not know"),
-])
+], ids=["two-dropped", "one-dropped", "renamed", "generation-marker"])
 def test_drift_check_fails_on_a_planted_change(monkeypatch, tmp_path, old, new, expected):
     """The check above, on a copy of the newest DeepGEMM wheel whose _C.pyi has one signature changed."""
     newest = [w for w in _downloaded() if w.name.startswith("tokenspeed_deepgemm-2.8")]
