@@ -7,7 +7,9 @@ reading anything else raises.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
+import re
 from typing import Callable, Iterable
 
 import torch
@@ -114,3 +116,25 @@ def pad_heads(q: torch.Tensor, attn_sink: torch.Tensor | None, padded: int):
         sink_p = torch.full((padded,), float("-inf"), dtype=torch.float32, device=q.device)
         sink_p[:H] = attn_sink
     return q_p, sink_p
+
+
+def declared_signature(fn) -> inspect.Signature:
+    """``inspect.signature(fn)``, or for a pybind11 builtin (DeepGEMM) the one its docstring's first line
+    declares, ``name(a: T, b: U = default) -> R``: parameter names and whether each has a default."""
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        match = re.match(r"\w+\((.*)\) ->", (fn.__doc__ or "").split("\n")[0])
+        if match is None:
+            raise
+    params, depth, current = [], 0, ""
+    for ch in match.group(1) + ",":
+        if ch == "," and depth == 0:
+            params.append(current.strip())
+            current = ""
+            continue
+        depth += (ch in "[(") - (ch in "])")
+        current += ch
+    return inspect.Signature([inspect.Parameter(p.split(":")[0].strip(), inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                default=None if "=" in p else inspect.Parameter.empty)
+                              for p in params if p])

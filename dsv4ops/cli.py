@@ -97,25 +97,50 @@ def check_plot_prefix(value: str | None) -> None:
         raise UsageError(f"--plot {value!r}: folder {folder!r} does not exist or is not writable")
 
 
+INFO_WIDTH = 120
+
+
+def _fit(text: str, verbose: bool) -> str:
+    """``text`` in lines of at most INFO_WIDTH columns: cut with '…' (wrapped whole with --verbose)."""
+    if len(text) <= INFO_WIDTH:
+        return text
+    if verbose:
+        indent = " " * (len(text) - len(text.lstrip()) + 4)
+        return "\n".join(textwrap.wrap(text, INFO_WIDTH, subsequent_indent=indent, break_on_hyphens=False))
+    return text[:INFO_WIDTH - 1] + "…"
+
+
 def cmd_info(args) -> int:
     from .conformance import typical_case
     from .ops import OPS
+    from .vendor_wheels import install_hint
 
     device = default_device()
     plat = platform(device)
     print(f"platform: {plat}")
     for module, version in plat.libraries:
         print(f"  {module}: {version}")
+    print(textwrap.fill(f"FlashMLA / DeepGEMM wheels {install_hint()}", INFO_WIDTH, subsequent_indent="    ",
+                        break_on_hyphens=False))
     print()
-    rows = [(b.name, "yes" if b.available else "no", ",".join(b.platforms), ",".join(b.ops) or "-", b.reason or "")
-            for b in backends()]
-    print(render_table(("backend", "available", "platforms", "ops", "why not"), rows))
+    infos, rows = backends(), []
+    for b in infos:
+        ops = textwrap.wrap("all nine" if len(b.ops) == len(OP_NAMES) else ", ".join(b.ops), 44) or ["-"]
+        rows += [(b.name, "yes" if b.available else "no", ",".join(b.platforms), ops[0])]
+        rows += [("", "", "", more) for more in ops[1:]]
+    print(render_table(("backend", "available", "platforms", "ops"), rows))
+    for b in infos:
+        if args.verbose:
+            print(_fit(f"  {b.name}: {b.description}", True))
+        if b.reason:
+            print(_fit(f"  {b.name} unavailable: {b.reason}", args.verbose))
     print()
     for op in OP_NAMES:
         case = typical_case(op)
         decision = decide(OPS[op].validate_call(**case.build(device, seed=0)))
-        print(f"{op} (typical V4 input {case.id}):")
-        print("  " + str(decision).replace("\n", "\n  "))
+        print(textwrap.fill(f"{op} (typical V4 input {case.id}):", INFO_WIDTH, subsequent_indent="    "))
+        for line in str(decision).splitlines():
+            print(_fit("  " + line, args.verbose))
         print()
     return 0
 
@@ -216,7 +241,9 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     command = lambda name, text: sub.add_parser(name, help=text, description=text,
                                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    command("info", "platform, backends, and what each op dispatches to").set_defaults(fn=cmd_info)
+    info = command("info", "platform, backends, and what each op dispatches to (lines of at most 120 columns)")
+    info.add_argument("--verbose", action="store_true", help="backend descriptions and every reason in full")
+    info.set_defaults(fn=cmd_info)
 
     check = command("check", "conformance of every available backend against the reference")
     check.add_argument("--ops", help="comma-separated ops (default: all)")

@@ -96,3 +96,46 @@ def test_tune_unknown_shape_set(capsys, tmp_path):
     out = fails(capsys, ["tune", "--shapes", "production,nope", "--out", str(tmp_path / "t.json")],
                 "--shapes: unknown set(s) 'nope'; sets are production, sweep, step or all")
     assert out == "" and not (tmp_path / "t.json").exists()
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_info_fits_120_columns(capsys, monkeypatch, verbose):
+    """Op lists wrapped, reasons cut to one line (in full, wrapped, with --verbose); the FlashMLA /
+    DeepGEMM install advice for this torch and the installed DeepGEMM API generation are shown."""
+    from fakes import deep_gemm as fake_deep_gemm
+    from fakes import reprobed
+    from dsv4ops.vendor_wheels import install_hint
+
+    fake_deep_gemm.install(monkeypatch, "2.8")
+    monkeypatch.setitem(sys.modules, "flash_mla", None)                 # not importable: a reason to show
+    with reprobed(monkeypatch, "deepgemm"), reprobed(monkeypatch, "flashmla"):
+        assert main(["info"] + (["--verbose"] if verbose else [])) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 120
+    joined = " ".join(line.strip() for line in out.splitlines())
+    assert f"FlashMLA / DeepGEMM wheels {install_hint()}" in joined
+    assert "reference   yes" in out and "all nine" in out
+    assert ("DeepGEMM paged and prefill MQA logits, fp8 einsum (SM90 recipe); installed: API 2.8" in joined) == verbose
+    reason = "flashmla unavailable: cannot import flash_mla (ModuleNotFoundError: import of flash_mla halted; None in sys.modules)"
+    assert reason in joined
+    assert (f"install tokenspeed-flashmla, {install_hint(('tokenspeed-flashmla',))}" in joined) == verbose
+
+
+def test_vendor_wheel_table():
+    """The pip line per torch (--no-deps: the torch 2.14 builds pin torch==2.14.0), none for a torch
+    without a known build, and the [flashmla] / [deepgemm] extras pin the torch 2.11 row (no torch declared)."""
+    import pathlib
+    import tomllib
+
+    from dsv4ops.vendor_wheels import WHEELS, install_hint, install_line
+
+    assert install_line("2.14.1+cu130") == ("pip install --no-deps tokenspeed-deepgemm==2.8.2.post20261020 "
+                                            "tokenspeed-flashmla==1.0.0.post20260924")
+    assert install_line("2.13.0+cpu") is None
+    assert install_hint(("tokenspeed-flashmla",), "2.13.0+cpu") == (
+        "no tokenspeed-flashmla build known for torch 2.13 (torch 2.11: tokenspeed-flashmla==1.0.0.post20260615; "
+        "torch 2.14: tokenspeed-flashmla==1.0.0.post20260924)")
+    extras = tomllib.loads((pathlib.Path(__file__).parent.parent / "pyproject.toml").read_text())
+    extras = extras["project"]["optional-dependencies"]
+    assert extras["deepgemm"] == [f"tokenspeed-deepgemm=={WHEELS['2.11']['tokenspeed-deepgemm']}"]
+    assert extras["flashmla"] == [f"tokenspeed-flashmla=={WHEELS['2.11']['tokenspeed-flashmla']}"]

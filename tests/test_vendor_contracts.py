@@ -1,10 +1,10 @@
 """Contract tests for vendor paths that cannot run on this machine: the adapter's own code runs end
 to end against a fake of the vendor entry point (tests/fakes), judged by the conformance rules on
 a simulated platform; and the capability checks decline where the vendor kernel cannot run."""
+import ast
 import functools
 import importlib
 import inspect
-import re
 import sys
 
 import pytest
@@ -13,6 +13,7 @@ from fakes import flashinfer as fake_flashinfer
 from fakes import reprobed
 
 import dsv4ops
+from dsv4ops.backend_support import declared_signature
 from dsv4ops.conformance import cases, run_case
 from dsv4ops.conformance.cases import make_case
 from dsv4ops.ops import OPS
@@ -121,28 +122,70 @@ def test_flashmla_sm100_topk_tiles():
         assert topk_multiple(dsv4ops.platform(), call) is None
 
 
-@pytest.mark.parametrize("generation", ["new", "old"])
+DEEPGEMM_GENERATIONS = ["2.8", "2.5", "legacy"]
+_PAGED_DG = [make_case("paged_mqa_logits", B=3, next_n=n, context=200, H=64, block_size=64, lens_dim=d, clean=cl)
+             for n in (1, 2) for d in (1, 2) for cl in (False, True)]
+_SM100_LOGITS_REASON = "DeepGEMM API {} on sm100 needs MX (UE8M0, int32-packed) q and key scales, bf16 weights"
+
+
+@pytest.mark.parametrize("generation", DEEPGEMM_GENERATIONS)
 def test_deepgemm_contract(monkeypatch, generation):
     from fakes import deep_gemm as fake_deep_gemm
     fake_deep_gemm.install(monkeypatch, generation)
-    with reprobed(monkeypatch, "deepgemm"):
+    with reprobed(monkeypatch, "deepgemm") as backend:
+        assert backend.unavailable_reason() is None and f"installed: API {generation}" in backend.description
         ran, _ = _run_all("paged_mqa_logits", "deepgemm", "sm90")
-        full = [make_case("paged_mqa_logits", B=3, next_n=n, context=200, H=64, block_size=64, lens_dim=d, clean=cl)
-                for n in (1, 2) for d in (1, 2) for cl in (False, True)]
         with dsv4ops.simulate_platform("cuda", "sm90"):
-            results = [run_case(c, "deepgemm", "cpu", seed=5) for c in full]
+            results = [run_case(c, "deepgemm", "cpu", seed=5) for c in _PAGED_DG]
         assert all(r.status == "pass" for r in results), [r.message for r in results]
         ran, _ = _run_all("fp8_einsum", "deepgemm", "sm90")
         assert ran
 
 
-def test_deepgemm_declines_sm100_until_adapted(monkeypatch):
+@pytest.mark.parametrize("generation, served", [("2.8", True), ("2.5", False), ("legacy", False)])
+def test_deepgemm_paged_32_heads(monkeypatch, generation, served):
+    """2.8's paged kernel takes 32 or 64 heads (attention.hpp); earlier generations are served with 64 only."""
     from fakes import deep_gemm as fake_deep_gemm
-    fake_deep_gemm.install(monkeypatch)
-    kw = make_case("fp8_einsum", **dict(B=2, H=2, D=128, R=512)).build("cpu", 0)
+    fake_deep_gemm.install(monkeypatch, generation)
+    case = make_case("paged_mqa_logits", B=3, next_n=2, context=200, H=32, block_size=64, lens_dim=1, clean=True)
+    with reprobed(monkeypatch, "deepgemm"), dsv4ops.simulate_platform("cuda", "sm90"):
+        result = run_case(case, "deepgemm", "cpu", seed=3)
+    if served:
+        assert result.status == "pass", result.message
+    else:
+        assert (result.status, result.message) == (
+            "skip", f"H=32: DeepGEMM API {generation}'s paged kernel is built for 64 indexer heads"), result.message
+
+
+@pytest.mark.parametrize("generation", DEEPGEMM_GENERATIONS)
+def test_deepgemm_declines_sm100_with_the_reason(monkeypatch, generation):
+    """The SM100 recipe (MX scales, bf16 weights and logits) is not adapted: declined, naming the API
+    generation and what SM100 needs, before the vendor is called (the fakes assert SM90 inputs)."""
+    from fakes import deep_gemm as fake_deep_gemm
+    fake_deep_gemm.install(monkeypatch, generation)
+    calls = {op: make_case(op, **kw).build("cpu", 0) for op, kw in (
+        ("fp8_einsum", dict(B=2, H=2, D=128, R=512)), ("mqa_logits", dict(T=6, S=300, H=64)),
+        ("paged_mqa_logits", dict(B=2, next_n=1, context=100, H=64, block_size=64)))}
     with reprobed(monkeypatch, "deepgemm"), dsv4ops.simulate_platform("cuda", "sm100"):
-        status = {c.backend: c.status for c in dsv4ops.explain("fp8_einsum", **kw).candidates}
-    assert "arch sm100 not supported (needs sm90)" == status["deepgemm"]
+        status = {op: {c.backend: c.status for c in dsv4ops.explain(op, **kw).candidates}["deepgemm"]
+                  for op, kw in calls.items()}
+        with pytest.raises(dsv4ops.UnsupportedError, match="not adapted"):
+            dsv4ops.mqa_logits(**calls["mqa_logits"], backend="deepgemm")
+    assert status["fp8_einsum"] == (f"DeepGEMM API {generation} on sm100 needs packed UE8M0 block scales: "
+                                    "not adapted (SM90 recipe only)")
+    assert all(status[op].startswith(_SM100_LOGITS_REASON.format(generation)) for op in ("mqa_logits", "paged_mqa_logits"))
+
+
+def test_deepgemm_unknown_api_is_unavailable(monkeypatch):
+    """A deep_gemm whose fp8_fp4_mqa_logits declares neither generation's parameters is not called."""
+    from fakes import deep_gemm as fake_deep_gemm
+    fake_deep_gemm.install(monkeypatch, "2.8")
+
+    def fp8_fp4_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end):
+        raise AssertionError("must not be called")
+    monkeypatch.setattr(sys.modules["deep_gemm"], "fp8_fp4_mqa_logits", fp8_fp4_mqa_logits)
+    with reprobed(monkeypatch, "deepgemm") as backend:
+        assert "deep_gemm declares an unknown fp8_fp4_mqa_logits" in backend.unavailable_reason()
 
 
 _MQA_DG = [make_case("mqa_logits", T=T, S=S, H=64, ranges=r, clean=cl, out=cl)
@@ -151,10 +194,11 @@ _MQA_DG = [make_case("mqa_logits", T=T, S=S, H=64, ranges=r, clean=cl, out=cl)
            make_case("mqa_logits", T=12, S=96, H=64, ranges="requests", topk=16)]
 
 
-@pytest.mark.parametrize("generation", ["new", "old"])
+@pytest.mark.parametrize("generation", DEEPGEMM_GENERATIONS)
 def test_deepgemm_mqa_logits_contract(monkeypatch, generation):
-    """fp8_fp4_mqa_logits / legacy fp8_mqa_logits: the row-padded view is copied out, clean maps to
-    clean_logits; other head counts and FNUZ inputs are declined with the reason."""
+    """2.5 / legacy: the row-padded view is copied out, clean maps to clean_logits; 2.8: compressed rows
+    (max_seqlen_k = S) moved to absolute columns and cleaned by the adapter. Other head counts and FNUZ
+    inputs are declined with the reason."""
     from fakes import deep_gemm as fake_deep_gemm
     fake_deep_gemm.install(monkeypatch, generation)
     kw = _MQA_DG[2].build("cpu", 1)
@@ -169,10 +213,19 @@ def test_deepgemm_mqa_logits_contract(monkeypatch, generation):
     assert {r.case.id for r in ran} >= {c.id for c in _MQA_DG}
     assert any("H=8: the SM90 kernel is built for 32 or 64 heads" == m for m in skipped.values())
     assert any("float8_e4m3fnuz inputs" in m for m in skipped.values())
-    kw = _MQA_DG[0].build("cpu", 0)
-    with dsv4ops.simulate_platform("cuda", "sm100"):
-        status = {c.backend: c.status for c in dsv4ops.explain("mqa_logits", **kw).candidates}
-    assert status["deepgemm"].startswith("arch sm100 not supported")
+
+
+def test_deepgemm_28_chunks_the_column_move(monkeypatch):
+    """2.8's compressed rows reach absolute columns in row chunks (a bounded gather index): several chunks,
+    requests at different key offsets, clean and not."""
+    from dsv4ops.backends.deepgemm import ops as dg_ops
+    from fakes import deep_gemm as fake_deep_gemm
+    fake_deep_gemm.install(monkeypatch, "2.8")
+    monkeypatch.setattr(dg_ops, "_GATHER_ELEMENTS", 3 * 300)                            # 3 rows per chunk
+    cases_ = [make_case("mqa_logits", T=11, S=300, H=64, ranges="requests", clean=cl, out=cl) for cl in (False, True)]
+    with reprobed(monkeypatch, "deepgemm"), dsv4ops.simulate_platform("cuda", "sm90"):
+        results = [run_case(c, "deepgemm", "cpu", seed=7) for c in cases_]
+    assert [r.status for r in results] == ["pass", "pass"], [r.message for r in results]
 
 
 @pytest.fixture
@@ -418,21 +471,42 @@ def _record_flashmla(monkeypatch):
     with reprobed(monkeypatch, "flashmla"):
         _run_all("sparse_mla_prefill", "flashmla", "sm90")
         _run_all("sparse_mla_prefill", "flashmla", "sm100")
+        with dsv4ops.simulate_platform("cuda", "sm90"):     # decode: the calls only (the fake returns zeros)
+            for extra in ({}, dict(extra_topk=64, extra_block_size=64)):
+                kw = make_case("sparse_mla_decode", T=2, H=8, topk=64, layout="fp8_ds_mla", sink="random",
+                               **extra).build("cpu", 0)
+                dsv4ops.sparse_mla_decode(**kw, backend="flashmla")
     return fake_flashmla.CALLED, calls
 
 
-def _record_deepgemm(monkeypatch):
+def _record_deepgemm(monkeypatch, generation):
     from fakes import deep_gemm as fake_deep_gemm
     calls = []
-    for generation in ("new", "old"):
-        fake_deep_gemm.install(monkeypatch, generation, wrap=_recording(calls))
-        with reprobed(monkeypatch, "deepgemm"):
-            _simulated("cuda", "sm90", "mqa_logits", "deepgemm", _MQA_DG)
-    return fake_deep_gemm.CALLED, calls
+    fake_deep_gemm.install(monkeypatch, generation, wrap=_recording(calls))
+    with reprobed(monkeypatch, "deepgemm"):   # not the topk case: it also runs whichever top-k dispatch picks
+        _simulated("cuda", "sm90", "mqa_logits", "deepgemm", [c for c in _MQA_DG if "topk" not in c.kwargs])
+        _simulated("cuda", "sm90", "paged_mqa_logits", "deepgemm", _PAGED_DG)
+        _simulated("cuda", "sm90", "fp8_einsum", "deepgemm")
+    return fake_deep_gemm.called(generation), calls
 
 
 RECORDERS = {"aiter": _record_aiter, "flashinfer": _record_flashinfer, "flashmla": _record_flashmla,
-             "deepgemm": _record_deepgemm}
+             **{f"deepgemm-{g}": functools.partial(_record_deepgemm, generation=g) for g in DEEPGEMM_GENERATIONS}}
+
+
+def source_signature(fn: ast.FunctionDef) -> inspect.Signature:
+    """The parameter list of a function definition read from source or a stub (names, kinds, presence of
+    defaults), for releases that cannot be imported here."""
+    P, a = inspect.Parameter, fn.args
+    positional = [(x, P.POSITIONAL_ONLY) for x in a.posonlyargs] + [(x, P.POSITIONAL_OR_KEYWORD) for x in a.args]
+    first_default = len(positional) - len(a.defaults)
+    params = [P(x.arg, kind, default=None if i >= first_default else P.empty)
+              for i, (x, kind) in enumerate(positional)]
+    params += [P(a.vararg.arg, P.VAR_POSITIONAL)] if a.vararg else []
+    params += [P(x.arg, P.KEYWORD_ONLY, default=P.empty if d is None else None)
+               for x, d in zip(a.kwonlyargs, a.kw_defaults)]
+    params += [P(a.kwarg.arg, P.VAR_KEYWORD)] if a.kwarg else []
+    return inspect.Signature(params)
 
 
 def _bind_all(calls, signature_of):
@@ -457,28 +531,6 @@ def _real_function(path):
     return getattr(importlib.import_module(module), name)
 
 
-def _signature(fn) -> inspect.Signature:
-    """inspect.signature, or for a pybind11 builtin (DeepGEMM) the one its docstring's first line
-    states: ``name(a: T, b: U = default) -> R``, parameter names and defaults' presence only."""
-    try:
-        return inspect.signature(fn)
-    except (TypeError, ValueError):
-        match = re.match(r"\w+\((.*)\) ->", (fn.__doc__ or "").split("\n")[0])
-        if match is None:
-            raise
-    params, depth, current = [], 0, ""
-    for ch in match.group(1) + ",":
-        if ch == "," and depth == 0:
-            params.append(current.strip())
-            current = ""
-            continue
-        depth += (ch in "[(") - (ch in "])")
-        current += ch
-    return inspect.Signature([inspect.Parameter(p.split(":")[0].strip(), inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                                default=None if "=" in p else inspect.Parameter.empty)
-                              for p in params if p])
-
-
 @pytest.mark.parametrize("vendor, module, dist", [("aiter", "aiter", "amd-aiter"),
                                                  ("flashinfer", "flashinfer", "flashinfer-python"),
                                                  ("flashmla", "flash_mla", "tokenspeed-flashmla"),
@@ -492,18 +544,16 @@ def test_adapter_calls_bind_to_installed_signatures(monkeypatch, vendor, module,
         pytest.skip(f"{dist} is not importable here ({type(exc).__name__}: {str(exc)[:100]}); "
                     "the drift check runs where it installs")
     real = {}
-    from fakes import aiter as fake_aiter
-    from fakes import deep_gemm as fake_dg
-    from fakes import flashinfer as fake_fi
-    from fakes import flashmla as fake_flashmla
-    fakes = {"aiter": fake_aiter, "flashinfer": fake_fi, "flashmla": fake_flashmla, "deepgemm": fake_dg}[vendor].CALLED
+    if vendor == "deepgemm":
+        from dsv4ops.backends.deepgemm import api
+        vendor = f"deepgemm-{api()}"
+    with monkeypatch.context() as m:
+        fakes, calls = RECORDERS[vendor](m)
     for path in fakes:
         try:
-            real[path] = _signature(_real_function(path))
+            real[path] = declared_signature(_real_function(path))
         except Exception as exc:
             pytest.fail(f"{dist}: the adapter calls {path}, which the installed release lacks ({exc})")
-    with monkeypatch.context() as m:
-        _, calls = RECORDERS[vendor](m)
     _bind_all(calls, real.__getitem__)
     for path, sig in real.items():
         ours = [(p.name, p.kind) for p in inspect.signature(fakes[path]).parameters.values()]

@@ -13,7 +13,7 @@ import torch
 from dsv4ops.backends.deepselect import topk_inputs
 from fakes import deep_select as fake_ds
 from fakes import reprobed
-from test_vendor_contracts import _bind_all, _recording, _simulated
+from test_vendor_contracts import _bind_all, _recording, _simulated, source_signature
 
 import dsv4ops
 from dsv4ops.conformance import cases
@@ -125,18 +125,6 @@ def test_deepselect_calls_bind_to_fake_signatures(monkeypatch):
     assert called == set(fake_ds.CALLED)
 
 
-def _source_signature(fn: ast.FunctionDef) -> inspect.Signature:
-    """The parameter list of a function definition (names, kinds, presence of defaults)."""
-    P, a = inspect.Parameter, fn.args
-    positional = [(x, P.POSITIONAL_ONLY) for x in a.posonlyargs] + [(x, P.POSITIONAL_OR_KEYWORD) for x in a.args]
-    first_default = len(positional) - len(a.defaults)
-    params = [P(x.arg, kind, default=None if i >= first_default else P.empty)
-              for i, (x, kind) in enumerate(positional)]
-    params += [P(x.arg, P.KEYWORD_ONLY, default=P.empty if d is None else None)
-               for x, d in zip(a.kwonlyargs, a.kw_defaults)]
-    return inspect.Signature(params)
-
-
 def _installed_signatures() -> dict:
     """path -> signature of the installed release: the real functions where ``deep_select`` imports
     (CUDA torch), else the definitions in the wheel's ``deep_select/interface.py``, which
@@ -160,7 +148,7 @@ def _installed_signatures() -> dict:
     for path in fake_ds.CALLED:
         name = path.partition(":")[2]
         assert name in exported and name in defs, f"{DIST} {dist.version}: deep_select.{name} is gone"
-        found[path] = _source_signature(defs[name])
+        found[path] = source_signature(defs[name])
     return found
 
 

@@ -1,21 +1,89 @@
-"""DeepGEMM (``deep_gemm``): paged and prefill MQA logits and block-scaled FP8 einsum on SM90 / SM100."""
+"""DeepGEMM (``deep_gemm``): paged and prefill MQA logits and block-scaled FP8 einsum, SM90 recipe.
+
+Two API generations, told apart by what the installed module declares (``api()``):
+- 2.5 (tokenspeed-deepgemm 2.5.x): ``fp8_fp4_mqa_logits(..., clean_logits, max_seqlen_k, logits_dtype)``,
+  ``fp8_fp4_paged_mqa_logits(..., clean_logits, logits_dtype, indices)``, plus the legacy ``fp8_*`` names;
+- 2.8 (2.8.x): ``fp8_fp4_mqa_logits(..., max_seqlen_k, schedule_meta)`` (compressed rows only, tail not
+  cleaned), ``fp8_fp4_paged_mqa_logits(..., max_context_len, indices)``; the legacy names are gone;
+- legacy: only ``fp8_mqa_logits`` / ``fp8_paged_mqa_logits`` (builds before the fp8_fp4 names).
+"""
+import functools
 import threading
 
-from dsv4ops.backend_support import all_of, arch_in, import_probe
+from dsv4ops.backend_support import all_of, declared_signature, import_probe
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
+from dsv4ops.vendor_wheels import install_hint
 
-BACKEND = register_backend(Backend(
-    "deepgemm", ("cuda",),
-    probe=import_probe("deep_gemm", '"dsv4ops[deepgemm]" (tokenspeed-deepgemm)', needs=("get_paged_mqa_logits_metadata",)),
-    description="DeepGEMM paged and prefill MQA logits, fp8 einsum (SM90; SM100 recipes not adapted yet)",
-))
+_DESCRIPTION = "DeepGEMM paged and prefill MQA logits, fp8 einsum (SM90 recipe)"
+_import = import_probe("deep_gemm", f"tokenspeed-deepgemm, {install_hint(('tokenspeed-deepgemm',))}",
+                       needs=("get_paged_mqa_logits_metadata",))
+
+
+def api_generation(fp8_fp4_params: tuple[str, ...] | None, has_legacy: bool) -> str | None:
+    """'2.5', '2.8' or 'legacy' from ``fp8_fp4_mqa_logits``'s declared parameter names (None: absent)
+    and whether ``fp8_mqa_logits`` exists; None for an API this adapter does not know."""
+    if fp8_fp4_params is None:
+        return "legacy" if has_legacy else None
+    if "clean_logits" in fp8_fp4_params:
+        return "2.5"
+    if "max_seqlen_k" in fp8_fp4_params and "schedule_meta" in fp8_fp4_params:
+        return "2.8"
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def _api_of(fp8_fp4, legacy) -> str | None:
+    params = None if fp8_fp4 is None else tuple(declared_signature(fp8_fp4).parameters)
+    return api_generation(params, legacy is not None)
+
+
+def api() -> str | None:
+    """The API generation of the installed ``deep_gemm`` (cached per function object)."""
+    import deep_gemm
+
+    return _api_of(getattr(deep_gemm, "fp8_fp4_mqa_logits", None), getattr(deep_gemm, "fp8_mqa_logits", None))
+
+
+def _probe() -> str | None:
+    """The import probe, then the API generation (shown in the description; an unknown one is a reason)."""
+    reason = _import()
+    generation = api() if reason is None else None
+    BACKEND.description = _DESCRIPTION + (f"; installed: API {generation}" if generation else "")
+    if reason is None and generation is None:
+        return ("deep_gemm declares an unknown fp8_fp4_mqa_logits (neither API 2.5's clean_logits nor API 2.8's "
+                "max_seqlen_k, schedule_meta): unsupported version")
+    return reason
+
+
+BACKEND = register_backend(Backend("deepgemm", ("cuda",), probe=_probe, description=_DESCRIPTION))
+
+
+def sm90_recipe(sm100_needs: str):
+    """SM90 only; on SM100 / SM103 the reason names what DeepGEMM's SM100 recipe needs there."""
+    def check(plat: Platform, call) -> str | None:
+        if plat.arch == "sm90":
+            return None
+        if plat.arch in ("sm100", "sm103"):
+            return f"DeepGEMM API {api()} on {plat.arch} needs {sm100_needs}: not adapted (SM90 recipe only)"
+        return f"arch {plat.arch} not supported (needs sm90)"
+    return check
+
+
+# From 2.8's csrc/apis/attention.hpp (check_mqa_logits_q_and_weights, out_dtype, the paged call's `indices`).
+# bf16 logits round by up to 2^-9 of a value, where docs/ops.md §3 allows 1e-4 of the products' magnitudes.
+_SM100_LOGITS = sm90_recipe("MX (UE8M0, int32-packed) q and key scales, bf16 weights and, paged, `indices` with "
+                            "next_n 1, and returns bf16 logits (rounding above the op's 1e-4 bound); dsv4ops' "
+                            "index keys carry fp32 scales")
+_SM100_EINSUM = sm90_recipe("packed UE8M0 block scales")
 
 
 def logits_shapes(plat: Platform, call) -> str | None:
+    """Paged SM90: 64 heads (2.8's attention.hpp: 32 or 64), next_n 1 or 2, 64-token key pages."""
     _, next_n, H, _ = call.q.shape
-    if H != 64:
-        return f"H={H}: the kernels are built for 64 indexer heads"
+    heads = (32, 64) if api() == "2.8" else (64,)
+    if H not in heads:
+        return f"H={H}: DeepGEMM API {api()}'s paged kernel is built for {' or '.join(map(str, heads))} indexer heads"
     if next_n not in (1, 2):
         return f"next_n={next_n} unsupported on SM90 (1 or 2)"
     if call.kv_cache.shape[1] != 64:
@@ -56,10 +124,9 @@ def one_device_per_process(plat: Platform, call) -> str | None:
     return None
 
 
-_SM90_ONLY = arch_in("sm90")   # SM100 needs bf16 weights / MX scales and packed UE8M0: not adapted yet
 BACKEND.implements("paged_mqa_logits", "dsv4ops.backends.deepgemm.ops:paged_mqa_logits",
-                   supports=all_of(_SM90_ONLY, logits_shapes, one_device_per_process))
+                   supports=all_of(_SM100_LOGITS, logits_shapes, one_device_per_process))
 BACKEND.implements("mqa_logits", "dsv4ops.backends.deepgemm.ops:mqa_logits",
-                   supports=all_of(_SM90_ONLY, mqa_logits_shapes, one_device_per_process))
+                   supports=all_of(_SM100_LOGITS, mqa_logits_shapes, one_device_per_process))
 BACKEND.implements("fp8_einsum", "dsv4ops.backends.deepgemm.ops:fp8_einsum",
-                   supports=all_of(_SM90_ONLY, einsum_bf16_out, one_device_per_process))
+                   supports=all_of(_SM100_EINSUM, einsum_bf16_out, one_device_per_process))

@@ -1,4 +1,5 @@
-"""dsv4ops paged_mqa_logits / mqa_logits / fp8_einsum -> DeepGEMM (SM90 recipe: fp32 scales)."""
+"""dsv4ops paged_mqa_logits / mqa_logits / fp8_einsum -> DeepGEMM (SM90 recipe: fp32 scales), each API
+generation called with its own parameter list (``api()``)."""
 from __future__ import annotations
 
 import torch
@@ -7,10 +8,12 @@ from dsv4ops.backend_support import dense
 from dsv4ops.platform import multiprocessors
 from dsv4ops.rows import decode_row_ends
 
+from . import api
+
 
 def paged_mqa_logits(a):
-    """Both API generations; 1-D lengths are expanded to the 2-D form this build requires; weights and
-    block_table are passed dense (the dsv4ops contract accepts any strides)."""
+    """1-D lengths are expanded to the 2-D form DeepGEMM requires; weights and block_table are passed dense
+    (the dsv4ops contract accepts any strides). No generation cleans the tail here: the adapter does."""
     import deep_gemm
 
     B, next_n = a.q.shape[:2]
@@ -22,12 +25,12 @@ def paged_mqa_logits(a):
         return result if a.out is None else a.out
     ctx = limits.view(B, next_n).to(torch.int32)
     meta = deep_gemm.get_paged_mqa_logits_metadata(ctx, a.kv_cache.shape[1], multiprocessors(a.q.device))
-    if hasattr(deep_gemm, "fp8_fp4_paged_mqa_logits"):
-        logits = deep_gemm.fp8_fp4_paged_mqa_logits((a.q, None), a.kv_cache, weights, ctx, table, meta,
-                                                    a.max_context_len)
-    else:
+    if api() == "legacy":
         logits = deep_gemm.fp8_paged_mqa_logits(a.q, a.kv_cache, weights, ctx, table, meta, a.max_context_len,
                                                 False)
+    else:                       # 2.5 and 2.8 share these seven (2.5's clean_logits defaults to False)
+        logits = deep_gemm.fp8_fp4_paged_mqa_logits((a.q, None), a.kv_cache, weights, ctx, table, meta,
+                                                    a.max_context_len)
     logits = logits[:, :a.max_context_len]
     if a.clean:
         cols = torch.arange(a.max_context_len, device=a.q.device)
@@ -45,23 +48,47 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
 
 
 def mqa_logits(a):
-    """fp8_fp4_mqa_logits ((q, None): FP8 q) where the build has it, else the legacy fp8_mqa_logits;
-    both return a [T, S] view of a row-padded allocation, copied into the contiguous result. clean maps
-    to clean_logits (-inf outside [ks, ke), fused by DeepGEMM)."""
+    """API 2.5 / legacy: ``clean`` maps to clean_logits (cleaned in the kernel); the [T, S] view of a
+    row-padded allocation is copied into the contiguous result. API 2.8 returns compressed rows only
+    (column c is key ks + c, tail not cleaned): ``max_seqlen_k = S`` bounds every span without a host
+    sync (0 <= ks <= ke <= S), and the rows are moved to absolute columns (``_absolute_columns``)."""
     import deep_gemm
 
     T, S = a.q.shape[0], a.k.shape[0]
+    out = torch.empty(T, S, device=a.q.device) if a.out is None else a.out
     if T == 0 or S == 0:
-        return torch.empty(T, S, device=a.q.device) if a.out is None else a.out
+        return out
     kv = (a.k, _tma_ready(a.k_scale))
     weights, ks, ke = _tma_ready(a.weights), a.ks.contiguous(), a.ke.contiguous()
-    if hasattr(deep_gemm, "fp8_fp4_mqa_logits"):
+    generation = api()
+    if generation == "2.8":
+        rows = deep_gemm.fp8_fp4_mqa_logits((a.q, None), kv, weights, ks, ke, S)
+        return _absolute_columns(rows, ks, ke, a.clean, out)
+    if generation == "2.5":
         logits = deep_gemm.fp8_fp4_mqa_logits((a.q, None), kv, weights, ks, ke, a.clean)
     else:
         logits = deep_gemm.fp8_mqa_logits(a.q, kv, weights, ks, ke, a.clean)
-    if a.out is None:
-        return logits.contiguous()
-    return a.out.copy_(logits)
+    return out.copy_(logits)
+
+
+_GATHER_ELEMENTS = 1 << 24      # int64 index elements per chunk of rows (128 MiB)
+
+
+def _absolute_columns(rows: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, clean: bool,
+                      out: torch.Tensor) -> torch.Tensor:
+    """Compressed fp32 rows ``[T, S]`` (column c = key ks + c, valid for c < ke - ks) -> ``out`` fp32
+    ``[T, S]`` indexed by key; with ``clean`` every column outside ``[ks, ke)`` is -inf. Row chunks bound
+    the gather index's memory."""
+    T, S = out.shape
+    cols = torch.arange(S, device=out.device)
+    step = max(1, _GATHER_ELEMENTS // S)
+    for r in range(0, T, step):
+        shift = cols[None, :] - ks[r:r + step, None]                 # the compressed column of each key
+        torch.gather(rows[r:r + step], 1, shift.clamp(0, S - 1), out=out[r:r + step])
+        if clean:
+            span = (ke[r:r + step] - ks[r:r + step])[:, None]
+            out[r:r + step].masked_fill_((shift < 0) | (shift >= span), float("-inf"))
+    return out
 
 
 def mn_major_scales(a_scale: torch.Tensor) -> torch.Tensor:

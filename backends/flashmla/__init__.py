@@ -10,10 +10,12 @@ from dsv4ops import workspace
 from dsv4ops.backend_support import all_of, arch_in, import_probe, layout_in
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
+from dsv4ops.vendor_wheels import install_hint
 
 BACKEND = register_backend(Backend(
     "flashmla", ("cuda",),
-    probe=import_probe("flash_mla", '"dsv4ops[flashmla]" (tokenspeed-flashmla)', needs=("flash_mla_with_kvcache",)),
+    probe=import_probe("flash_mla", f"tokenspeed-flashmla, {install_hint(('tokenspeed-flashmla',))}",
+                       needs=("flash_mla_with_kvcache",)),
     description="FlashMLA sparse decode and prefill (SM90/SM100)",
 ))
 

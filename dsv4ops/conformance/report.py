@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 from .._table import render_table
@@ -11,12 +12,15 @@ from . import summarize
 
 
 def verified_table(folder: Path) -> str:
-    rows = []
-    for path in sorted(folder.glob("*.json")):
+    rows, libraries = [], {}
+    artifacts = sorted(folder.glob("*.json"))
+    for path in artifacts:
         data = json.loads(path.read_text())
         for (backend, op), cell in sorted(summarize(data["results"]).items()):
             if cell.passed or cell.failed or cell.errors:
                 rows.append((backend, op, data["meta"]["device"], data["meta"]["tier"], cell.text, path.name))
+        for release in data["meta"].get("libraries", {}).values():
+            libraries.setdefault(release, []).append(path.name)
     return ("# What was verified where\n\nGenerated from `docs/conformance/*.json` by "
             "`python -m dsv4ops.conformance.report docs/conformance`. The reference and the Triton backend "
             "(interpreter) also run the quick tier in CI on every change. The vendor adapters listed after this "
@@ -24,6 +28,9 @@ def verified_table(folder: Path) -> str:
             "fakes of the vendors' kernels, on simulated platforms), some also against the signatures of an "
             "installed release. Anything not listed is unverified.\n\n"
             "```\n" + render_table(("backend", "op", "device", "tier", "result", "artifact"), rows) + "\n```\n\n"
+            + textwrap.fill("Releases installed in those runs (from the artifacts): " + "; ".join(
+                f"{release} ({'every artifact' if len(names) == len(artifacts) else ', '.join(names)})"
+                for release, names in libraries.items()) + ".", 100) + "\n\n"
             + CONTRACT_ONLY)
 
 
@@ -35,7 +42,13 @@ platforms against fakes in `tests/fakes/` built from the vendor's source, which 
 parameter lists; the adapter's recorded calls are bound to those signatures. How, per pair:
 `fake` = those contract tests only; `fake + signatures (CI)` = also bound to the signatures of the
 newest release, which CI's drift step (`.ci/run`) installs on a CPU machine (FlashInfer imported,
-DeepSelect read from the installed `deep_select/interface.py`: it imports only with a CUDA torch).
+DeepSelect read from the installed `deep_select/interface.py`: it imports only with a CUDA torch);
+`fake + wheel signatures (CI)` = bound to the signatures declared in the wheels CI's drift step
+downloads without installing (`tests/test_vendor_wheels.py`: DeepGEMM's `_C.pyi`, FlashMLA's interface).
+The DeepGEMM and FlashMLA rows are the generations newer than the ones run on the H100 above
+(tokenspeed-deepgemm 2.5.0.post20260604, tokenspeed-flashmla 1.0.0.post20260615, which CI's wheel check
+also covers); they are built for torch 2.14 (builds newer than those did not import next to the
+H100's torch 2.11), so they have not run on hardware.
 
 ```
 backend     op                    how                      vendor entry point (release)
@@ -44,7 +57,12 @@ aiter       sparse_mla_decode     fake                     pa_decode_sparse (AIT
 aiter       indexer_topk          fake                     top_k_per_row_decode / top_k_per_row_prefill (AITER >= 0.1.15)
 aiter       mqa_logits            fake                     fp8_mqa_logits (AITER >= 0.1.15)
 aiter       sparse_mla_prefill    fake                     pa_prefill_sparse (AITER >= 0.1.20, gfx950)
+deepgemm    paged_mqa_logits      fake + wheel signatures  API 2.8: fp8_fp4_paged_mqa_logits (tokenspeed-deepgemm 2.8.2.post20261020; sm90)
+deepgemm    mqa_logits            fake + wheel signatures  API 2.8: fp8_fp4_mqa_logits, compressed rows (2.8.2.post20261020; sm90)
+deepgemm    fp8_einsum            fake + wheel signatures  API 2.8: fp8_einsum (tokenspeed-deepgemm 2.8.2.post20261020; sm90)
 deepselect  indexer_topk          fake + signatures (CI)   deep_select.topk (tokenspeed-deepselect 1.0.0.post20260910; sm100/103)
+flashmla    sparse_mla_decode     wheel signatures (CI)    flash_mla_with_kvcache (tokenspeed-flashmla 1.0.0.post20260924: unchanged)
+flashmla    sparse_mla_prefill    fake + wheel signatures  flash_mla_sparse_fwd (tokenspeed-flashmla 1.0.0.post20260924: unchanged)
 flashinfer  sparse_mla_decode     fake + signatures (CI)   TRTLLM-gen DSV4 decode (sm100/103/107), MODEL1 decode (sm120/121) (0.7.2.post1)
 flashinfer  indexer_topk          fake + signatures (CI)   top_k_ragged_transform (flashinfer-python 0.7.2.post1)
 xpu         qnorm_rope_kv_insert  fake                     torch.ops._xpu_C.deepseek_qnorm_rope_kv_insert (bf16 layout; vllm-xpu-kernels >= 0.1.11)

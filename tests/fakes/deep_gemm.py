@@ -1,48 +1,81 @@
-"""DeepGEMM entry points used by backends/deepgemm, both paged-logits and prefill-logits API generations,
-with the documented argument contract (docs/ops.md §3, §4, §11; DeepGEMM README).
+"""DeepGEMM entry points used by backends/deepgemm, one fake module per API generation, with the documented
+argument contract (docs/ops.md §3, §4, §11; DeepGEMM README).
 
-The prefill logits fakes follow deepseek-ai/DeepGEMM ``csrc/apis/attention.hpp`` (commit
-0274ad7b911b99b4eb6f8d796403811cf1e18f3d: ``fp8_fp4_mqa_logits`` and the legacy wrapper
-``fp8_mqa_logits``; SM90 kernel ``deep_gemm/include/deep_gemm/impls/sm90_fp8_mqa_logits.cuh``), with the
-parameter lists of the tokenspeed-deepgemm 2.5.0.post20260604 wheel's ``deep_gemm/_C.pyi``."""
+Parameter lists are copied from the wheels' ``deep_gemm/_C.pyi``: generation "2.5" and "legacy" from
+tokenspeed-deepgemm 2.5.0.post20260604 (which declares both name sets), "2.8" from 2.8.2.post20261020.
+Semantics: the 2.5 prefill logits follow deepseek-ai/DeepGEMM ``csrc/apis/attention.hpp`` at commit
+0274ad7b911b99b4eb6f8d796403811cf1e18f3d (SM90 kernel ``sm90_fp8_mqa_logits.cuh``); the 2.8 ones the
+host checks of the 2.8.2 wheel's ``deep_gemm/csrc/apis/attention.hpp`` and the store rule of its
+``include/deep_gemm/impls/sm90_fp8_mqa_logits.cuh`` (``logits[q, kv - ks[q]]`` for ``ks <= kv < ke``). The
+arch (SM90 / SM100) is read from the simulated platform; the SM100 recipe (MX scales, bf16) is checked
+for its host contract but not computed."""
 import sys
 import types
+from typing import Optional
 
 import torch
 
 import dsv4ops
+from dsv4ops.backend_support import sm_major
+from dsv4ops.platform import current_simulation
 
 
-def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms):
+def _arch_major() -> int:
+    sim = current_simulation()
+    return sm_major(sim.arch) if sim is not None else 9
+
+
+def _sm90_only(q_sf) -> None:
+    """attention.hpp: MX q scales exactly on SM100; only the SM90 recipe is computed here."""
+    major = _arch_major()
+    assert (q_sf is not None) == (major == 10), "q scales: MX (int32) on SM100, None on SM90"
+    assert major == 9, "the SM100 recipe is not modelled"
+
+
+def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices=None):
     assert context_lens.dim() == 2 and context_lens.dtype == torch.int32, "this build wants 2-D lengths"
+    assert indices is None and block_kv == 64, "SM90: no varlen indices, block_kv 64"
     return torch.zeros(num_sms + 1, 2, dtype=torch.int32)
 
 
 def _logits(q, kv_cache, weights, context_lens, block_tables, max_len):
     """DG ref_fp8_paged_mqa_logits: 2-D lengths, t < context_lens[b, j]; tail not cleaned (garbage)."""
     assert kv_cache.shape[1] == 64 and kv_cache.shape[-1] == 132 and block_tables.stride(-1) == 1
+    assert weights.dtype == torch.float32 and q.shape[2] in (32, 64)
     out = dsv4ops.reference.paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_len)
     return torch.where(out == float("-inf"), 123.0, out)      # 'columns past the length are not cleaned'
 
 
-def fp8_fp4_paged_mqa_logits(q_and_sf, kv_cache, weights, context_lens, block_tables, schedule_meta, max_model_len,
-                             indices=None):
-    q, q_sf = q_and_sf
-    assert q_sf is None and q.dtype == torch.float8_e4m3fn
-    return _logits(q, kv_cache, weights, context_lens, block_tables, max_model_len)
+def fp8_fp4_paged_mqa_logits_25(q, fused_kv_cache, weights, context_lens, block_table, schedule_meta,
+                                max_context_len, clean_logits=False, logits_dtype=None, indices=None):
+    q_fp, q_sf = q
+    assert q_sf is None and q_fp.dtype == torch.float8_e4m3fn and indices is None and logits_dtype is None
+    assert not clean_logits, "the adapter cleans the tail itself"
+    return _logits(q_fp, fused_kv_cache, weights, context_lens, block_table, max_context_len)
 
 
-def fp8_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, schedule_meta, max_context_len,
-                         clean_logits):
-    out = _logits(q, kv_cache, weights, context_lens, block_tables, max_context_len)
+def fp8_fp4_paged_mqa_logits_28(q, fused_kv_cache, weights, context_lens, block_table, schedule_meta,
+                                max_context_len, indices=None):
+    """2.8: SM90 wants no ``indices`` (SM100: varlen only); fp32 logits, tail not cleaned."""
+    q_fp, q_sf = q
+    _sm90_only(q_sf)
+    assert q_fp.dtype == torch.float8_e4m3fn and indices is None
+    return _logits(q_fp, fused_kv_cache, weights, context_lens, block_table, max_context_len)
+
+
+def fp8_paged_mqa_logits(q, fused_kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len,
+                         clean_logits=False, indices=None):
+    assert indices is None
+    out = _logits(q, fused_kv_cache, weights, context_lens, block_table, max_context_len)
     if clean_logits:
-        out = dsv4ops.reference.paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables, max_context_len)
+        out = dsv4ops.reference.paged_mqa_logits(q, fused_kv_cache, weights, context_lens, block_table,
+                                                 max_context_len)
     return out
 
 
-def fp8_einsum(expr, a_pair, b_pair, d, c=None, recipe=(1, 128, 128)):
+def _fp8_einsum(expr, a, b, d, c, recipe):
     """SM90 recipe: fp32 scales, sfa MN-major and TMA-aligned: strides (1, (K/128)*T_al, T_al)."""
-    (a, sfa), (b, sfb) = a_pair, b_pair
+    (a, sfa), (b, sfb) = a, b
     B = a.shape[0]
     t_al = (B + 3) // 4 * 4
     assert expr == "bhr,hdr->bhd" and recipe == (1, 128, 128) and c is None
@@ -50,29 +83,48 @@ def fp8_einsum(expr, a_pair, b_pair, d, c=None, recipe=(1, 128, 128)):
     d.copy_(dsv4ops.reference.fp8_einsum(expr, a, sfa, b, sfb, out_dtype=d.dtype))
 
 
-def _mqa_logits(q, kv, weights, ks, ke, clean_logits, max_seqlen_k):
-    """[M, N] view of a [align(M, 128 / H), align(N + 256, 256)] allocation (not contiguous); columns
-    outside [ks, ke) hold garbage, or -inf with clean_logits (max_seqlen_k = 0, the form adapted)."""
+def fp8_einsum_25(expr, a, b, d, c=None, recipe=(1, 128, 128)):
+    _fp8_einsum(expr, a, b, d, c, recipe)
+
+
+def fp8_einsum_28(expr, a, b, d, c=None, recipe=(1, 128, 128), epilogue_class=None):
+    assert epilogue_class is None
+    _fp8_einsum(expr, a, b, d, c, recipe)
+
+
+def _check_mqa_inputs(q, kv, weights, ks, ke):
+    """The SM90 host checks: OCP fp8 q / keys, 32 or 64 heads, fp32 per-key scales, fp32 weights with a
+    16-byte row stride, int32 ranges; TMA descriptors need 16-byte aligned bases."""
     k, k_sf = kv
     M, H, D = q.shape
     assert q.dtype == torch.float8_e4m3fn and q.is_contiguous() and D in (64, 128) and H in (32, 64), (q.dtype, q.shape)
     assert k.dtype == q.dtype and k.is_contiguous() and k.shape[1] == D
     assert k_sf.dtype == torch.float32 and k_sf.is_contiguous() and k_sf.shape == (k.shape[0],)
     assert weights.dtype == torch.float32 and weights.shape == (M, H) and weights.stride(1) == 1
+    assert weights.stride(0) * 4 % 16 == 0
     assert all(t.data_ptr() % 16 == 0 for t in (q, k, k_sf, weights)), "TMA descriptors need 16-byte alignment"
     for t in (ks, ke):
         assert t.dtype == torch.int32 and t.is_contiguous() and t.shape == (M,)
-    assert max_seqlen_k == 0, "the compressed-logits form is not adapted"
-    N = k.shape[0]
-    buf = torch.full(((M + 127) // 128 * 128, (N + 256 + 255) // 256 * 256), 123.0)
-    out = buf[:M, :N]
-    ref = dsv4ops.reference.mqa_logits(q, k, k_sf, weights, ks, ke, clean=True)
+
+
+def _padded(M: int, N: int) -> torch.Tensor:
+    """A [M, N] view of a [align(M, 128), align(N + 256, 256)] allocation of garbage (not contiguous)."""
+    return torch.full(((M + 127) // 128 * 128, (N + 256 + 255) // 256 * 256), 123.0)[:M, :N]
+
+
+def _mqa_logits(q, kv, weights, ks, ke, clean_logits, max_seqlen_k):
+    """2.5 / legacy, the form adapted (max_seqlen_k = 0): absolute columns, outside [ks, ke) garbage or,
+    with clean_logits, -inf."""
+    _check_mqa_inputs(q, kv, weights, ks, ke)
+    assert max_seqlen_k == 0, "the compressed-logits form is not adapted on 2.5"
+    out = _padded(q.shape[0], kv[0].shape[0])
+    ref = dsv4ops.reference.mqa_logits(q, kv[0], kv[1], weights, ks, ke, clean=True)
     out.copy_(ref if clean_logits else torch.where(ref == float("-inf"), 123.0, ref))
     return out
 
 
-def fp8_fp4_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits=True, max_seqlen_k=0,
-                       logits_dtype=None):
+def fp8_fp4_mqa_logits_25(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits=True, max_seqlen_k=0,
+                          logits_dtype=None):
     q_fp, q_sf = q
     assert q_sf is None and logits_dtype in (None, torch.float32)
     return _mqa_logits(q_fp, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k)
@@ -82,26 +134,47 @@ def fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_l
     return _mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k)
 
 
-# The functions the adapters call whose parameter lists are copied from the release (signature drift test).
-CALLED = {
-    "deep_gemm:fp8_fp4_mqa_logits": fp8_fp4_mqa_logits,
-    "deep_gemm:fp8_mqa_logits": fp8_mqa_logits,
+def fp8_fp4_mqa_logits_28(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, max_seqlen_k: int,
+                          schedule_meta: Optional[torch.Tensor] = None):
+    """2.8: compressed rows only, ``[M, max_seqlen_k]`` (a view of a row-padded allocation): column c is key
+    ``ks + c`` for ``c < ke - ks``; the rest is not cleaned. SM90: no schedule_meta; max_seqlen_k > 0 and
+    (the kernel stores past it otherwise) at least every row's span."""
+    q_fp, q_sf = q
+    _sm90_only(q_sf)
+    ks, ke = cu_seq_len_k_start, cu_seq_len_k_end
+    _check_mqa_inputs(q_fp, kv, weights, ks, ke)
+    assert schedule_meta is None and isinstance(max_seqlen_k, int) and not isinstance(max_seqlen_k, bool)
+    assert max_seqlen_k > 0 and int((ke - ks).max()) <= max_seqlen_k, (max_seqlen_k, ke - ks)
+    ref = dsv4ops.reference.mqa_logits(q_fp, kv[0], kv[1], weights, ks, ke, clean=True)
+    out = _padded(q_fp.shape[0], max_seqlen_k)
+    for i in range(q_fp.shape[0]):
+        span = int(ke[i] - ks[i])
+        out[i, :span] = ref[i, int(ks[i]):int(ke[i])]
+    return out
+
+
+# name -> fake, per API generation (backends/deepgemm.api_generation tells them apart)
+GENERATIONS = {
+    "2.8": {"get_paged_mqa_logits_metadata": get_paged_mqa_logits_metadata,
+            "fp8_fp4_paged_mqa_logits": fp8_fp4_paged_mqa_logits_28, "fp8_fp4_mqa_logits": fp8_fp4_mqa_logits_28,
+            "fp8_einsum": fp8_einsum_28},
+    "2.5": {"get_paged_mqa_logits_metadata": get_paged_mqa_logits_metadata,
+            "fp8_fp4_paged_mqa_logits": fp8_fp4_paged_mqa_logits_25, "fp8_fp4_mqa_logits": fp8_fp4_mqa_logits_25,
+            "fp8_einsum": fp8_einsum_25},
+    "legacy": {"get_paged_mqa_logits_metadata": get_paged_mqa_logits_metadata,
+               "fp8_paged_mqa_logits": fp8_paged_mqa_logits, "fp8_mqa_logits": fp8_mqa_logits,
+               "fp8_einsum": fp8_einsum_25},
 }
 
 
-def install(monkeypatch, generation="new", wrap=None):
-    """``wrap(path, fn)`` may wrap each function named in CALLED."""
+def called(generation: str) -> dict:
+    """``deep_gemm:<name>`` -> fake, for the signature drift tests."""
+    return {f"deep_gemm:{name}": fn for name, fn in GENERATIONS[generation].items()}
+
+
+def install(monkeypatch, generation="2.5", wrap=None):
+    """Put a fake ``deep_gemm`` of ``generation`` in sys.modules; ``wrap(path, fn)`` may wrap each function."""
     mod = types.ModuleType("deep_gemm")
-    mod.get_paged_mqa_logits_metadata = get_paged_mqa_logits_metadata
-    mod.fp8_einsum = fp8_einsum
-    if generation == "new":
-        mod.fp8_fp4_paged_mqa_logits = fp8_fp4_paged_mqa_logits
-        mod.fp8_fp4_mqa_logits = fp8_fp4_mqa_logits
-    else:
-        mod.fp8_paged_mqa_logits = fp8_paged_mqa_logits
-        mod.fp8_mqa_logits = fp8_mqa_logits
-    for path, fn in CALLED.items():
-        name = path.partition(":")[2]
-        if wrap and hasattr(mod, name):
-            setattr(mod, name, wrap(path, fn))
+    for path, fn in called(generation).items():
+        setattr(mod, path.partition(":")[2], wrap(path, fn) if wrap else fn)
     monkeypatch.setitem(sys.modules, "deep_gemm", mod)

@@ -14,7 +14,8 @@ not pass), copied as a signature only; the body is our plain-PyTorch model:
   int32 indices ``[s_q, 1, topk]`` with topk a multiple of the kernel's index tile (64; 128 for
   h_q = 128 on SM100), fp32 sink ``[h_q]``.
 
-The arch (SM90 / SM100) is read from the simulated platform.
+The arch (SM90 / SM100) is read from the simulated platform. ``flash_mla_with_kvcache`` (decode) checks
+its argument contract only and returns zeros: it records the decode adapter's calls for the drift tests.
 """
 import sys
 import types
@@ -58,20 +59,53 @@ def flash_mla_sparse_fwd(
     return out.to(torch.bfloat16), max_logits, torch.where(lse == float("-inf"), float("inf"), lse)
 
 
-def flash_mla_with_kvcache(*args, **kwargs):
-    """Present for the backend probe only; decode is not modelled here."""
-    raise AssertionError("the FlashMLA decode fake is not modelled")
+def get_mla_metadata(*args, **kwargs):
+    """1.0.0's interface: no arguments needed (kept for the old interface); an empty scheduler object."""
+    return types.SimpleNamespace(), None
 
 
-# The functions the adapters call, by the vendor module path (used by the signature drift test).
-CALLED = {"flash_mla:flash_mla_sparse_fwd": flash_mla_sparse_fwd}
+def flash_mla_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    block_table: Optional[torch.Tensor],
+    cache_seqlens: Optional[torch.Tensor],
+    head_dim_v: int,
+    tile_scheduler_metadata,
+    num_splits: None = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    is_fp8_kvcache: bool = False,
+    indices: Optional[torch.Tensor] = None,
+    attn_sink: Optional[torch.Tensor] = None,
+    extra_k_cache: Optional[torch.Tensor] = None,
+    extra_indices_in_kvcache: Optional[torch.Tensor] = None,
+    topk_length: Optional[torch.Tensor] = None,
+    extra_topk_length: Optional[torch.Tensor] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The argument contract of the V4 sparse fp8 decode (the docstring's shapes); the values are not
+    modelled (zeros): this fake records the adapter's calls for the drift check, the decode itself runs
+    on the H100 (docs/verified.md)."""
+    b, s_q, h_q, d = q.shape
+    assert d == 512 and head_dim_v == 512 and h_q in (64, 128) and is_fp8_kvcache and not causal, (q.shape, h_q)
+    assert k_cache.dim() == 4 and k_cache.shape[2:] == (1, 584) and k_cache.dtype == torch.uint8, k_cache.shape
+    assert num_splits is None and block_table is None and cache_seqlens is None
+    for idx, cache in ((indices, k_cache), (extra_indices_in_kvcache, extra_k_cache)):
+        assert (idx is None) == (cache is None) and (idx is None or (idx.dtype == torch.int32 and idx.shape[:2] == (b, s_q)))
+    for lens in (topk_length, extra_topk_length):
+        assert lens is None or (lens.dtype == torch.int32 and lens.shape == (b,))
+    assert attn_sink is None or (attn_sink.dtype == torch.float32 and attn_sink.shape == (h_q,))
+    return torch.zeros(b, s_q, h_q, 512, dtype=torch.bfloat16), torch.zeros(b, h_q, s_q)
+
+
+# The functions the adapters call, by the vendor module path (used by the signature drift tests).
+CALLED = {"flash_mla:flash_mla_sparse_fwd": flash_mla_sparse_fwd, "flash_mla:get_mla_metadata": get_mla_metadata,
+          "flash_mla:flash_mla_with_kvcache": flash_mla_with_kvcache}
 
 
 def install(monkeypatch, wrap=None, sparse_fwd=None):
     """Put the fake ``flash_mla`` module in sys.modules; ``wrap(path, fn)`` may wrap each called
     function; ``sparse_fwd`` replaces flash_mla_sparse_fwd (an older release's signature)."""
     module = types.ModuleType("flash_mla")
-    fn = sparse_fwd or flash_mla_sparse_fwd
-    module.flash_mla_sparse_fwd = wrap("flash_mla:flash_mla_sparse_fwd", fn) if wrap else fn
-    module.flash_mla_with_kvcache = flash_mla_with_kvcache
+    for path, fn in {**CALLED, "flash_mla:flash_mla_sparse_fwd": sparse_fwd or flash_mla_sparse_fwd}.items():
+        setattr(module, path.partition(":")[2], wrap(path, fn) if wrap else fn)
     monkeypatch.setitem(sys.modules, "flash_mla", module)
