@@ -69,6 +69,8 @@ class Conformance:
       ``stride_bases``: tier -> builder parameters the stride / alias family is generated on.
     - ``error_base``: builder parameters of a valid call; ``errors``: ``(argument, change)`` pairs,
       ``change(kwargs)`` making that call wrong in that argument (``sampling.set_args`` / ``change``).
+    - ``unspecified(kwargs)``: for ops whose contract leaves part of a result unspecified, a bool
+      mask of those elements of the (first) result; ``check --repeat`` compares only the rest.
     """
 
     inputs: Callable[..., dict]
@@ -79,6 +81,7 @@ class Conformance:
     stride_bases: dict[str, tuple[dict, ...]]
     error_base: dict
     errors: tuple[tuple[str, Callable[[dict], None]], ...]
+    unspecified: Callable[[dict], Any] | None = None
 
 
 @dataclass(frozen=True)

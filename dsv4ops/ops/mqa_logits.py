@@ -119,6 +119,14 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     return c.verdict()
 
 
+def unspecified(kw: dict):
+    """Without ``clean``, the columns outside each row's [ks, ke) (None: every element is specified)."""
+    if kw["clean"]:
+        return None
+    cols = torch.arange(kw["k"].shape[0], device=kw["ks"].device)[None, :]
+    return (cols < kw["ks"].long()[:, None]) | (cols >= kw["ke"].long()[:, None])
+
+
 def _reference_logits(*args):
     return registry.get_op("mqa_logits").function(*args, backend="reference")
 
@@ -187,6 +195,7 @@ SPEC = OpSpec(
                       "full": (dict(T=1000, S=7777, H=INDEX_HEADS, ranges="requests", clean=True, out=True),)},
         error_base=dict(T=5, S=40, H=4, ranges="random"),
         errors=ERRORS,
+        unspecified=unspecified,
     ),
     bench=BenchShapes(
         cost=cost,

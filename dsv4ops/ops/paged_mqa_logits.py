@@ -13,6 +13,7 @@ from ..checker import Checker
 from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..quant import to_fp8
+from ..rows import decode_row_ends
 from ..sampling import change, randint, randn, set_args, to_device
 from ..shapes import C4_BLOCK, INDEX_HEADS
 from ..tolerance import Collector, Verdict, abs_index_cache, fp8_abs, indexer_logits_rule
@@ -128,6 +129,14 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     return c.verdict()
 
 
+def unspecified(kw: dict):
+    """Without ``clean``, the columns past each row's length (None: every element is specified)."""
+    if kw["clean"]:
+        return None
+    ends = decode_row_ends(kw["context_lens"], kw["q"].shape[1])
+    return torch.arange(kw["max_context_len"], device=ends.device)[None, :] >= ends[:, None]
+
+
 def cost(kw: dict) -> tuple[int, int]:
     """(bytes, flops) a kernel must move / do at least."""
     B, n, H, D = kw["q"].shape
@@ -190,6 +199,7 @@ SPEC = OpSpec(
                                   out=True)]},
         error_base=dict(B=2, next_n=2, context=32, H=4, block_size=16),
         errors=ERRORS,
+        unspecified=unspecified,
     ),
     bench=BenchShapes(
         cost=cost,
