@@ -282,8 +282,7 @@ SPEC = OpSpec(
     conformance=Conformance(
         inputs=inputs,
         cases=cases,
-        typical=dict(layout="fp8_ds_mla", ratio=4,
-                                        reqs=((3, 1), (7, 1)), block_size=C4_BLOCK),
+        typical=dict(layout="fp8_ds_mla", ratio=4, reqs=((3, 1), (7, 1)), block_size=C4_BLOCK),
         compare=compare,
         strides={"kv": ("sliced",), "score": ("sliced",), "positions": ("sliced", "expanded"),
                            "norm_weight": ("sliced", "expanded"), "state_cache": ("sliced",),
@@ -292,15 +291,21 @@ SPEC = OpSpec(
                            # makes tokens pool state rows another request wrote, or none did (poisoned)
                            "state_slot_mapping": ("sliced",), "state_block_table": ("sliced", "transposed"),
                            "token_to_req": ("sliced",), "slot_mapping": ("sliced",)},
-        stride_bases={"quick": [dict(layout="fp8_ds_mla", ratio=4, reqs=((2, 7), (9, 1), (0, 4)), block_size=4, pad=1)], "full": [dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 700), (513, 300)), decode=32,
-                                    block_size=64, pad=3)]},
+        stride_bases={
+            "quick": (dict(layout="fp8_ds_mla", ratio=4, reqs=((2, 7), (9, 1), (0, 4)), block_size=4, pad=1),),
+            "full": (dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 700), (513, 300)), decode=32, block_size=64, pad=3),),
+        },
         error_base=dict(layout="fp8_ds_mla", ratio=4, reqs=((2, 6), (9, 1)), block_size=4),
         errors=ERRORS,
     ),
     bench=BenchShapes(
         cost=cost,
         tiny=dict(layout="fp8_ds_mla", ratio=4, reqs=((3, 1),), block_size=64),
-        production=(dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 8192),), block_size=64), dict(layout="fp8_ds_mla", ratio=128, reqs=((0, 8192),), block_size=2), dict(layout="index_fp8", ratio=4, reqs=((0, 8192),), block_size=64)),
+        production=(
+            dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 8192),), block_size=64),
+            dict(layout="fp8_ds_mla", ratio=128, reqs=((0, 8192),), block_size=2),
+            dict(layout="index_fp8", ratio=4, reqs=((0, 8192),), block_size=64),
+        ),
     ),
 )
 OP = define(SPEC)

@@ -84,7 +84,8 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     mantissa bits; that term is below a bf16 ulp but decides fp32 outputs)."""
     c = Collector()
     if got_result.shape != ref_result.shape or got_result.dtype != ref_result.dtype:
-        c.require(False, f"expected {ref_result.dtype} {list(ref_result.shape)}, got {got_result.dtype} {list(got_result.shape)}")
+        c.require(False, f"expected {ref_result.dtype} {list(ref_result.shape)}, "
+                         f"got {got_result.dtype} {list(got_result.shape)}")
         return c.verdict()
     if ref_result.numel() == 0:
         return c.verdict()
@@ -158,7 +159,10 @@ SPEC = OpSpec(
         compare=compare,
         strides={"a": ("sliced",), "a_scale": ("transposed", "sliced", "expanded"),       # MN-major first
                    "b_scale": ("transposed", "sliced", "expanded"), "out": ("sliced",)},
-        stride_bases={"quick": [dict(B=5, H=2, D=256, R=256, out=True)], "full": [dict(B=64, H=8, D=1024, R=4096, out=True)]},
+        stride_bases={
+            "quick": (dict(B=5, H=2, D=256, R=256, out=True),),
+            "full": (dict(B=64, H=8, D=1024, R=4096, out=True),),
+        },
         error_base=dict(B=2, H=2, D=128, R=256),
         errors=ERRORS,
     ),

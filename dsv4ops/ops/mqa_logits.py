@@ -202,7 +202,7 @@ SPEC = OpSpec(
         tiny=dict(T=4, S=64, H=64),
         production=(dict(T=4096, S=32768, H=64, ranges="causal"),),
         sweep=tuple(dict(T=T, S=S, H=64, ranges=r) for T, S in ((1024, 8192), (4096, 32768), (8192, 65536))
-              for r in ("causal", "requests")),
+                    for r in ("causal", "requests")),
         matrix="fp8",
     ),
 )

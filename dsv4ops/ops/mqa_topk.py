@@ -46,7 +46,9 @@ def inputs(device, gen, *, topk, out=False, **logits_params):
     kwargs = logits_op.inputs(device, gen, **logits_params)
     del kwargs["clean"]
     T = kwargs["q"].shape[0]
-    return dict(kwargs, topk=topk, **({"out": torch.empty(T, topk, dtype=torch.int32, device=device)} if out else {}))
+    if out:
+        kwargs["out"] = torch.empty(T, topk, dtype=torch.int32, device=device)
+    return dict(kwargs, topk=topk)
 
 
 def cases(tier: str):
@@ -112,12 +114,7 @@ SPEC = OpSpec(
     ks, ke int32 [T]. Returns int32 [T, topk]: indexer_topk(mqa_logits(...), topk, row_starts=ks,
     row_ends=ke), without materializing the logits (backends bound their workspace).""",
     args=(
-        Arg("q", Tensor, doc="fp8 [T, H, 128] contiguous (float8_e4m3fn, or float8_e4m3fnuz on gfx942), H >= 1"),
-        Arg("k", Tensor, doc="q's fp8 type [S, 128] contiguous, the keys"),
-        Arg("k_scale", Tensor, doc="fp32 [S] contiguous, positive on every key a row's range covers"),
-        Arg("weights", Tensor, doc="fp32 [T, H] (last dim contiguous), per-head weights"),
-        Arg("ks", Tensor, doc="int32 [T], first key of each row's range"),
-        Arg("ke", Tensor, doc="int32 [T], end of each row's key range (ks <= ke <= S)"),
+        *(arg for arg in logits_op.SPEC.args if arg.name not in ("clean", "out")),
         Arg("topk", int, doc="indices per row (>= 1); rows shorter than topk are padded with -1"),
         Arg("out", Optional[Tensor], None, keyword_only=True, mutated=True,
             doc="int32 [T, topk] contiguous, or None to allocate"),

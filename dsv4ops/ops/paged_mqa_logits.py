@@ -189,14 +189,15 @@ SPEC = OpSpec(
     conformance=Conformance(
         inputs=inputs,
         cases=cases,
-        typical=dict(B=2, next_n=1, context=256, H=INDEX_HEADS,
-                                  block_size=C4_BLOCK),
+        typical=dict(B=2, next_n=1, context=256, H=INDEX_HEADS, block_size=C4_BLOCK),
         compare=compare,
         strides={"weights": ("sliced", "transposed", "expanded"),
                          "context_lens": ("sliced", "transposed", "expanded"),
                          "block_table": ("sliced", "transposed", "expanded")},
-        stride_bases={"quick": [dict(B=3, next_n=3, context=40, H=4, block_size=16, lens_dim=2, clean=True, out=True)], "full": [dict(B=8, next_n=2, context=2048, H=64, block_size=64, lens_dim=2, clean=True,
-                                  out=True)]},
+        stride_bases={
+            "quick": (dict(B=3, next_n=3, context=40, H=4, block_size=16, lens_dim=2, clean=True, out=True),),
+            "full": (dict(B=8, next_n=2, context=2048, H=64, block_size=64, lens_dim=2, clean=True, out=True),),
+        },
         error_base=dict(B=2, next_n=2, context=32, H=4, block_size=16),
         errors=ERRORS,
         unspecified=unspecified,
@@ -204,7 +205,11 @@ SPEC = OpSpec(
     bench=BenchShapes(
         cost=cost,
         tiny=dict(B=1, next_n=1, context=64, H=64, block_size=64),
-        production=(dict(B=128, next_n=1, context=8192, H=64, block_size=64), dict(B=64, next_n=2, context=8192, H=64, block_size=64), dict(B=32, next_n=6, context=8192, H=64, block_size=64)),
+        production=(
+            dict(B=128, next_n=1, context=8192, H=64, block_size=64),
+            dict(B=64, next_n=2, context=8192, H=64, block_size=64),
+            dict(B=32, next_n=6, context=8192, H=64, block_size=64),
+        ),
         sweep=tuple(dict(B=B, next_n=1, context=ctx, H=64, block_size=64) for B in (8, 128)
                     for ctx in (2048, 8192, 32768, 131072)),
         matrix="fp8",

@@ -47,7 +47,9 @@ def inputs(device, gen, *, topk, out=False, **logits_params):
     kwargs = logits_op.inputs(device, gen, **logits_params)
     del kwargs["clean"]
     rows = kwargs["q"].shape[0] * kwargs["q"].shape[1]
-    return dict(kwargs, topk=topk, **({"out": torch.empty(rows, topk, dtype=torch.int32, device=device)} if out else {}))
+    if out:
+        kwargs["out"] = torch.empty(rows, topk, dtype=torch.int32, device=device)
+    return dict(kwargs, topk=topk)
 
 
 def cases(tier: str):
@@ -116,13 +118,7 @@ SPEC = OpSpec(
     Returns int32 [B * next_n, topk]: indexer_topk(paged_mqa_logits(...), topk, seq_lens=context_lens,
     next_n=next_n), without materializing the logits (backends bound their workspace).""",
     args=(
-        Arg("q", Tensor, doc="float8_e4m3fn [B, next_n, H, 128] contiguous, H >= 1"),
-        Arg("kv_cache", Tensor,
-            doc="uint8 [num_blocks, block_size, 1, 132], the paged index keys (formats.pack_index_keys)"),
-        Arg("weights", Tensor, doc="fp32 [B * next_n, H], per-head weights"),
-        Arg("context_lens", Tensor, doc="int32 [B] (causal MTP rule) or [B, next_n] per-row lengths"),
-        Arg("block_table", Tensor, doc="int32 [B, max_blocks], key pages of each request"),
-        Arg("max_context_len", int, doc="an upper bound of every length (the logits op's width)"),
+        *(arg for arg in logits_op.SPEC.args if arg.name not in ("clean", "out")),
         Arg("topk", int, doc="indices per row (>= 1); rows shorter than topk are padded with -1"),
         Arg("out", Optional[Tensor], None, keyword_only=True, mutated=True,
             doc="int32 [B * next_n, topk] contiguous, or None to allocate"),

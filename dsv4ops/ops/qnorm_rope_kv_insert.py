@@ -122,7 +122,8 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
         r_data, _ = formats.ds_mla_views(ref_cache, bs)
         bf16_ulp_close(c, "cache RoPE bytes", g_data[..., formats.NOPE_DIM:], r_data[..., formats.NOPE_DIM:])
         rope_mask = torch.zeros_like(got_cache, dtype=torch.bool)
-        rope_mask[:, : bs * formats.DS_MLA_DATA_BYTES].view(-1, bs, formats.DS_MLA_DATA_BYTES)[..., formats.NOPE_DIM:] = True
+        rope_bytes = rope_mask[:, : bs * formats.DS_MLA_DATA_BYTES].view(-1, bs, formats.DS_MLA_DATA_BYTES)
+        rope_bytes[..., formats.NOPE_DIM:] = True
         mismatch = (got_cache != ref_cache) & ~rope_mask
         c.require(not bool(mismatch.any()), f"cache: {int(mismatch.sum())} bytes differ outside the RoPE values "
                   f"(fp8 values, scale bytes, pad byte or bytes no slot owns), first at "
@@ -202,19 +203,24 @@ SPEC = OpSpec(
     conformance=Conformance(
         inputs=inputs,
         cases=cases,
-        typical=dict(T=4, H=64, layout="fp8_ds_mla",
-                                      block_size=SWA_BLOCK),
+        typical=dict(T=4, H=64, layout="fp8_ds_mla", block_size=SWA_BLOCK),
         compare=compare,
         strides={"kv": ("sliced", "expanded"), "positions": ("expanded", "sliced"),
                              "slot_mapping": ("sliced",)},
-        stride_bases={"quick": [dict(T=5, H=3, layout="fp8_ds_mla", block_size=16, num_blocks=3, out=True)], "full": [dict(T=64, H=64, layout="fp8_ds_mla", block_size=64, num_blocks=8, out=True)]},
+        stride_bases={
+            "quick": (dict(T=5, H=3, layout="fp8_ds_mla", block_size=16, num_blocks=3, out=True),),
+            "full": (dict(T=64, H=64, layout="fp8_ds_mla", block_size=64, num_blocks=8, out=True),),
+        },
         error_base=dict(T=4, H=4, layout="fp8_ds_mla", block_size=16, num_blocks=2),
         errors=ERRORS,
     ),
     bench=BenchShapes(
         cost=cost,
         tiny=dict(T=1, H=8, layout="fp8_ds_mla", block_size=64, num_blocks=1),
-        production=(dict(T=128, H=64, layout="fp8_ds_mla", block_size=64, num_blocks=8), dict(T=128, H=128, layout="fp8_ds_mla", block_size=64, num_blocks=8)),
+        production=(
+            dict(T=128, H=64, layout="fp8_ds_mla", block_size=64, num_blocks=8),
+            dict(T=128, H=128, layout="fp8_ds_mla", block_size=64, num_blocks=8),
+        ),
     ),
 )
 OP = define(SPEC)

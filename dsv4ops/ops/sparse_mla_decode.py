@@ -256,24 +256,32 @@ SPEC = OpSpec(
     conformance=Conformance(
         inputs=inputs,
         cases=cases,
-        typical=dict(T=4, H=64, topk=WINDOW, layout="fp8_ds_mla",
-                                   block_size=SWA_BLOCK, extra_topk=512, extra_block_size=C4_BLOCK),
+        typical=dict(T=4, H=64, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=512,
+                     extra_block_size=C4_BLOCK),
         compare=attention_rule("sparse_mla_decode"),
         strides={"indices": ("sliced", "transposed", "expanded"), "topk_lens": ("sliced",),
                  "attn_sink": ("sliced", "expanded"), "extra_indices": ("sliced", "transposed"),
                  "extra_topk_lens": ("sliced",)},
-        stride_bases={"quick": [dict(T=3, H=5, topk=32, layout="fp8_ds_mla", block_size=16, extra_topk=32,
-                                   extra_block_size=16, out=True)], "full": [dict(T=32, H=64, topk=128, layout="fp8_ds_mla", block_size=64, extra_topk=512,
-                                   extra_block_size=64, out=True)]},
+        stride_bases={
+            "quick": (dict(T=3, H=5, topk=32, layout="fp8_ds_mla", block_size=16, extra_topk=32, extra_block_size=16,
+                           out=True),),
+            "full": (dict(T=32, H=64, topk=128, layout="fp8_ds_mla", block_size=64, extra_topk=512,
+                          extra_block_size=64, out=True),),
+        },
         error_base=dict(T=3, H=4, topk=16, layout="fp8_ds_mla", block_size=16, extra_topk=8, extra_block_size=2),
         errors=ERRORS,
     ),
     bench=BenchShapes(
         cost=cost,
         tiny=dict(T=1, H=8, topk=64, layout="fp8_ds_mla", extra_topk=64, extra_block_size=64),
-        production=(dict(T=8, H=64, topk=128, layout="fp8_ds_mla", extra_topk=128, extra_block_size=64, lens="full"), dict(T=128, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64, lens="full"), dict(T=128, H=128, topk=128, layout="fp8_ds_mla", extra_topk=1024, extra_block_size=64, lens="full"), dict(T=512, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64, lens="full")),
+        production=(
+            dict(T=8, H=64, topk=128, layout="fp8_ds_mla", extra_topk=128, extra_block_size=64, lens="full"),
+            dict(T=128, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64, lens="full"),
+            dict(T=128, H=128, topk=128, layout="fp8_ds_mla", extra_topk=1024, extra_block_size=64, lens="full"),
+            dict(T=512, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64, lens="full"),
+        ),
         sweep=tuple(dict(T=T, H=H, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64, lens="full")
-              for H in (16, 64, 128) for T in (1, 8, 32, 128, 512)),
+                    for H in (16, 64, 128) for T in (1, 8, 32, 128, 512)),
     ),
 )
 OP = define(SPEC)

@@ -105,22 +105,31 @@ SPEC = OpSpec(
     conformance=Conformance(
         inputs=DECODE.conformance.inputs,
         cases=cases,
-        typical=dict(T=64, H=64, topk=WINDOW, layout="fp8_ds_mla",
-                                          block_size=SWA_BLOCK, extra_topk=512, extra_block_size=C4_BLOCK),
+        typical=dict(T=64, H=64, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=512,
+                     extra_block_size=C4_BLOCK),
         compare=attention_rule("sparse_mla_prefill"),
         strides=DECODE.conformance.strides,
-        stride_bases={"quick": [dict(T=3, H=16, topk=32, layout="fp8_ds_mla", block_size=16, extra_topk=32,
-                                    extra_block_size=16, out=True)], "full": [dict(T=512, H=64, topk=128, layout="fp8_ds_mla", block_size=64, extra_topk=512,
-                                    extra_block_size=64, out=True)]},
+        stride_bases={
+            "quick": (dict(T=3, H=16, topk=32, layout="fp8_ds_mla", block_size=16, extra_topk=32, extra_block_size=16,
+                           out=True),),
+            "full": (dict(T=512, H=64, topk=128, layout="fp8_ds_mla", block_size=64, extra_topk=512,
+                          extra_block_size=64, out=True),),
+        },
         error_base=dict(T=5, H=16, topk=16, layout="fp8_ds_mla", block_size=16, extra_topk=8, extra_block_size=2),
         errors=ERRORS,
     ),
     bench=BenchShapes(
         cost=cost,
         tiny=dict(T=4, H=16, topk=64, layout="fp8_ds_mla", extra_topk=64, extra_block_size=64),
-        production=(dict(T=4096, H=128, topk=128, layout="fp8_ds_mla", extra_topk=1024, extra_block_size=64, extra_slots=32768, lens="full"), dict(T=4096, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64, extra_slots=32768, lens="full")),
+        production=(
+            dict(T=4096, H=128, topk=128, layout="fp8_ds_mla", extra_topk=1024, extra_block_size=64,
+                 extra_slots=32768, lens="full"),
+            dict(T=4096, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64, extra_slots=32768,
+                 lens="full"),
+        ),
         sweep=tuple(dict(T=T, H=H, topk=128, layout="fp8_ds_mla", extra_topk=1024 if H == 128 else 512,
-                   extra_block_size=64, extra_slots=32768, lens="full") for H in (64, 128) for T in (512, 2048, 8192)),
+                         extra_block_size=64, extra_slots=32768, lens="full")
+                    for H in (64, 128) for T in (512, 2048, 8192)),
     ),
 )
 OP = define(SPEC)
