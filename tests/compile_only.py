@@ -6,9 +6,11 @@ pass every CPU test and still fail to compile for a GPU (a variable with two sha
 branches did, for paged_mqa_logits with next_n=6). Here Triton's driver is replaced by one that
 reports the target and never launches: each launch compiles (frontend, the target's passes, ptxas
 or the AMD linker bundled with Triton) and returns. Cases the Triton backend declines on that
-platform (its capability checks, as in dispatch) are skipped. Prints one line per compiled
-kernel; exits 1 if any compile failed.
+platform (its capability checks, as in dispatch; the first implementation that accepts runs, so the
+fp8 path is the platform's) are skipped. Prints the compiled cases per op and path and the compiled
+kernels; exits 1 if any compile failed.
 """
+import collections
 import os
 import sys
 
@@ -19,8 +21,9 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
-TARGETS = {"cuda:sm90": GPUTarget("cuda", 90, 32), "cuda:sm100": GPUTarget("cuda", 100, 32),
-           "rocm:gfx942": GPUTarget("hip", "gfx942", 64), "rocm:gfx950": GPUTarget("hip", "gfx950", 64)}
+TARGETS = {**{f"cuda:sm{cc}": GPUTarget("cuda", cc, 32) for cc in (75, 80, 86, 89, 90, 100, 120)},
+           **{f"rocm:{arch}": GPUTarget("hip", arch, 64) for arch in ("gfx90a", "gfx942", "gfx950")},
+           **{f"rocm:{arch}": GPUTarget("hip", arch, 32) for arch in ("gfx1100", "gfx1151", "gfx1201")}}  # RDNA: wave32
 
 
 class CompileOnlyDriver:
@@ -45,13 +48,14 @@ class CompileOnlyDriver:
         return True
 
 
-def declines(impl, plat, key) -> bool:
-    """Whether ``impl`` declines the call on ``plat``, its tensors taken for the platform's: the
-    check that CPU tensors need the interpreter is satisfied by setting the variable for the
-    evaluation only (the kernels were imported before, as compiled functions)."""
+def accepting(impls, plat, key):
+    """The first of ``impls`` that serves the call on ``plat`` (None if all decline), its tensors
+    taken for the platform's: the check that CPU tensors need the interpreter is satisfied by
+    setting the variable for the evaluation only (the kernels were imported before, as compiled
+    functions)."""
     os.environ["TRITON_INTERPRET"] = "1"
     try:
-        return impl.decline_reason(plat, key) is not None
+        return next((impl for impl in impls if impl.decline_reason(plat, key) is None), None)
     finally:
         del os.environ["TRITON_INTERPRET"]
 
@@ -75,6 +79,7 @@ def main(argv) -> int:
     from dsv4ops import registry
 
     failures = 0
+    per_path = collections.Counter()
     triton = registry.get_backend("triton")
     for op in OP_NAMES:
         triton.implementations[op][0].fn          # import the kernels now, compiled (not interpreted)
@@ -84,14 +89,17 @@ def main(argv) -> int:
                 if not all_layouts and "strided" in case.kwargs:
                     continue
                 call = OPS[op].validate_call(**case.build("cpu", 0))
-                impl = triton.implementations[op][0]
-                if declines(impl, plat, call.key):
+                impl = accepting(triton.implementations[op], plat, call.key)
+                if impl is None:
                     continue                      # declined on that platform, as dispatch would
                 try:
                     impl.bound(plat)(call.args)
+                    per_path[op, impl.name] += 1
                 except Exception as exc:          # a compile error names the kernel and the line
                     failures += 1
                     print(f"FAILED {op} {case.id}: {type(exc).__name__}: {str(exc)[:2000]}")
+    for (op, path), n in sorted(per_path.items()):
+        print(f"cases {op} [{path}]: {n}")
     print("compiled for", name + ":", " ".join(sorted(compiled)))
     return 1 if failures or not compiled else 0
 

@@ -64,13 +64,16 @@ def e4m3_encode(x):
 
 
 @triton.jit
-def to_e4m3(x, FP8_MAX: tl.constexpr, FP8: tl.constexpr, SOFT: tl.constexpr):
-    """e4m3 of fp32 ``x`` saturated at ±FP8_MAX: type ``FP8`` (the hardware conversion), or with
-    SOFT the OCP bytes as uint8 (``e4m3_encode``, the same bytes)."""
+def to_e4m3(x, FP8_MAX: tl.constexpr, FNUZ: tl.constexpr, SOFT: tl.constexpr):
+    """e4m3 of fp32 ``x`` saturated at ±FP8_MAX: the fp8 type (FNUZ or OCP, the hardware conversion),
+    or with SOFT the OCP bytes as uint8 (``e4m3_encode``, the same bytes)."""
     if SOFT:
-        tl.static_assert(FP8_MAX == 448.0, "the software fp8 path writes OCP e4m3 only")
-        return e4m3_encode(x)
-    return tl.clamp(x, -FP8_MAX, FP8_MAX).to(FP8)
+        tl.static_assert(not FNUZ, "the software fp8 path writes OCP e4m3 only")
+        y = e4m3_encode(x)
+    else:
+        fp8: tl.constexpr = tl.float8e4b8 if FNUZ else tl.float8e4nv
+        y = tl.clamp(x, -FP8_MAX, FP8_MAX).to(fp8)
+    return y
 
 
 @triton.jit

@@ -119,7 +119,7 @@ def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block
     if DS_MLA:
         tiles = tl.reshape(y, (D // 64, 64))
         ex = ceil_log2(tl.maximum(tl.max(tl.abs(tiles), axis=1), 1e-4) / FP8_MAX)
-        q8 = tl.reshape(to_e4m3(tiles * exp2_int(-ex)[:, None], FP8_MAX, tl.float8e4nv, FP8_SOFT), (D,))
+        q8 = tl.reshape(to_e4m3(tiles * exp2_int(-ex)[:, None], FP8_MAX, False, FP8_SOFT), (D,))
         data = page_ptr + off * 576
         tl.store(data + d, q8.to(tl.uint8, bitcast=True), mask=d < D - 64)
         tl.store((data + D - 64).to(tl.pointer_type(tl.bfloat16)) + d - (D - 64), y.to(tl.bfloat16),
@@ -129,7 +129,7 @@ def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block
         tl.store(page_ptr + block_size * 576 + off * 8 + k, byte.to(tl.uint8))
     else:
         ex = ceil_log2(tl.maximum(tl.max(tl.abs(y), axis=0), 1e-4) / FP8_MAX)
-        q8 = to_e4m3(y * exp2_int(-ex), FP8_MAX, tl.float8e4nv, FP8_SOFT)
+        q8 = to_e4m3(y * exp2_int(-ex), FP8_MAX, False, FP8_SOFT)
         tl.store(page_ptr + off * D + d, q8.to(tl.uint8, bitcast=True))
         tl.store((page_ptr + block_size * D + off * 4).to(tl.pointer_type(tl.float32)), exp2_int(ex))
 

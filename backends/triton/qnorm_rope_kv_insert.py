@@ -29,7 +29,6 @@ def _qnorm_rope_kv_insert_kernel(
     t = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     pos = tl.load(pos_ptr + t * pos_stride)
-    fp8: tl.constexpr = tl.float8e4b8 if FNUZ else tl.float8e4nv
     if g < tl.cdiv(H, HEADS):
         h = g * HEADS + tl.arange(0, HEADS)
         live = (h < H)[:, None]
@@ -49,7 +48,7 @@ def _qnorm_rope_kv_insert_kernel(
         y = tl.reshape(tl.join(tl.where(rope, e2, e), tl.where(rope, o2, o)), (HEADS, 512)).to(tl.bfloat16)
         if LAYOUT == 2:       # Layout.FP8_PER_TENSOR: fp8 q' = sat(bf16(q') / q_scale); q itself untouched
             qs = load_scalar(q_scale, Q_SCALE_PTR)
-            tl.store(out_ptr + rows, to_e4m3(y.to(tl.float32) / qs, FP8_MAX, tl.float8e4nv, FP8_SOFT), mask=live)
+            tl.store(out_ptr + rows, to_e4m3(y.to(tl.float32) / qs, FP8_MAX, False, FP8_SOFT), mask=live)
         else:
             tl.store(out_ptr + rows, y, mask=live)
     elif t < n_kv:
@@ -72,7 +71,7 @@ def _qnorm_rope_kv_insert_kernel(
                 v = tl.load(src + tile * 64 + col, mask=live, other=0.0).to(tl.float32)
                 amax = tl.maximum(tl.max(tl.abs(v), axis=1), 1e-4)
                 ex = ceil_log2(amax / FP8_MAX)
-                q8 = to_e4m3(v * exp2_int(-ex)[:, None], FP8_MAX, fp8, FP8_SOFT)
+                q8 = to_e4m3(v * exp2_int(-ex)[:, None], FP8_MAX, FNUZ, FP8_SOFT)
                 data = page + off * 576
                 tl.store(data + tile * 64 + col, q8.to(tl.uint8, bitcast=True), mask=live)
                 rope = (data + 448).to(tl.pointer_type(tl.bfloat16))
@@ -91,9 +90,9 @@ def _qnorm_rope_kv_insert_kernel(
                     tl.store(dst + 449 + 2 * i, o)
                 else:
                     ks = load_scalar(kv_scale, KV_SCALE_PTR)
-                    tl.store(dst + d, to_e4m3(v.to(tl.float32) / ks, FP8_MAX, tl.float8e4nv, FP8_SOFT), mask=nope)
-                    tl.store(dst + 448 + 2 * i, to_e4m3(e.to(tl.float32) / ks, FP8_MAX, tl.float8e4nv, FP8_SOFT))
-                    tl.store(dst + 449 + 2 * i, to_e4m3(o.to(tl.float32) / ks, FP8_MAX, tl.float8e4nv, FP8_SOFT))
+                    tl.store(dst + d, to_e4m3(v.to(tl.float32) / ks, FP8_MAX, False, FP8_SOFT), mask=nope)
+                    tl.store(dst + 448 + 2 * i, to_e4m3(e.to(tl.float32) / ks, FP8_MAX, False, FP8_SOFT))
+                    tl.store(dst + 449 + 2 * i, to_e4m3(o.to(tl.float32) / ks, FP8_MAX, False, FP8_SOFT))
 
 
 def qnorm_rope_kv_insert(target: Target, a):

@@ -62,7 +62,7 @@ def _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT: tl.const
 def _bf16(x, E4M3_BYTES: tl.constexpr):
     """``x`` as bf16; with E4M3_BYTES ``x`` holds e4m3 bytes (the software path's fp8 tensors)."""
     if E4M3_BYTES:
-        return e4m3_to_f32(x).to(tl.bfloat16)
+        x = e4m3_to_f32(x)
     return x.to(tl.bfloat16)
 
 
