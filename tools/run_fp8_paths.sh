@@ -14,7 +14,7 @@ set -uo pipefail
 out=${1:-/tmp/out}; mkdir -p "$out"; out=$(cd "$out" && pwd); repo=$PWD
 stages=" ${STAGES:-check bench} "
 has() { [[ "$stages" == *" $1 "* ]]; }
-mkdir -p .whl
+shopt -s nullglob                       # .whl/ (vendor wheels) may be empty or absent: Triton only
 source "$repo/docs/gpu_install.sh"
 soft="fp8_path=soft"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -m dsv4ops.cli info; } > "$out/info.txt" 2>&1
