@@ -67,9 +67,7 @@ def fp8_in_hardware(plat: Platform, call) -> str | None:
 
 
 def fp8_in_software(plat: Platform, call) -> str | None:
-    """The software fp8 path runs where the FP8 one cannot (or when forced): OCP e4m3 only, and on
-    CUDA from sm80 (bf16 tensor cores; fp16 cannot hold dequantized values, whose UE8M0 scales reach
-    2^+-127)."""
+    """The software fp8 path runs where the FP8 one cannot (or when forced), OCP e4m3 only."""
     if tuning(plat).fp8_path == "hw":
         return "DSV4OPS_TRITON_TUNING fp8_path=hw forces the FP8 path"
     if not target(plat).fp8_soft:
@@ -77,8 +75,15 @@ def fp8_in_software(plat: Platform, call) -> str | None:
     layout, q = call.get("layout"), call.get("q")
     if (layout is not None and layout.fp8_flavour == "fnuz") or (q is not None and q.dtype == torch.float8_e4m3fnuz):
         return "FNUZ e4m3 (gfx942) is served by the FP8 path only"
+    return None
+
+
+def bf16_tensor_cores(plat: Platform, call) -> str | None:
+    """The attention's dots take the bf16 query: bf16 MMA, CUDA from sm80. (fp16 cannot stand in:
+    the dequantized cache values carry UE8M0 scales up to 2^+-127.) The fp8 x fp8 products of the
+    other ops run in fp16 on the software path, which sm75 has."""
     if plat.vendor == "cuda" and cuda_sm(plat) < 80:
-        return f"{plat.arch}: the software fp8 path needs bf16 tensor cores (sm80 and newer)"
+        return f"{plat.arch}: the attention needs bf16 tensor cores (sm80 and newer)"
     return None
 
 
@@ -91,8 +96,8 @@ def implements_both_paths(op: str, supports) -> None:
 
 
 implements_both_paths("qnorm_rope_kv_insert", all_of(runs_here, fp8_flavour_matches))
-implements_both_paths("sparse_mla_decode", all_of(runs_here, fp8_flavour_matches))
-implements_both_paths("sparse_mla_prefill", all_of(runs_here, fp8_flavour_matches))
+implements_both_paths("sparse_mla_decode", all_of(runs_here, fp8_flavour_matches, bf16_tensor_cores))
+implements_both_paths("sparse_mla_prefill", all_of(runs_here, fp8_flavour_matches, bf16_tensor_cores))
 
 
 CUDA_GRID_YZ = 65535        # CUDA's limit on grid dimensions 1 and 2
