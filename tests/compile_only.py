@@ -1,5 +1,5 @@
 """Compile every Triton kernel the quick conformance tier launches for a GPU target, on a machine
-without one: ``python tests/compile_only.py cuda:sm90 [--all-layouts]``.
+without one: ``python tests/compile_only.py cuda:sm90 [--all-layouts] [--asm DIR]``.
 
 The Triton interpreter (how CI runs the kernels) never runs Triton's code generator, so a kernel can
 pass every CPU test and still fail to compile for a GPU (a variable with two shapes across
@@ -8,11 +8,16 @@ reports the target and never launches: each launch compiles (frontend, the targe
 or the AMD linker bundled with Triton) and returns. Cases the Triton backend declines on that
 platform (its capability checks, as in dispatch; the first implementation that accepts runs, so the
 fp8 path is the platform's) are skipped. Prints the compiled cases per op and path and the compiled
-kernels; exits 1 if any compile failed.
+kernels; exits 1 if any compile failed. ``--asm DIR`` writes each compiled variant's code (PTX or
+AMDGCN without its debug information) as DIR/<kernel>.<hash>.s: two trees compiled into two
+folders generate the same code where their file names agree (``diff <(ls A) <(ls B)``).
 """
 import collections
+import hashlib
 import os
+import re
 import sys
+from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)
 
@@ -60,8 +65,18 @@ def accepting(impls, plat, key):
         del os.environ["TRITON_INTERPRET"]
 
 
+def code_only(asm: str) -> str:
+    """PTX / AMDGCN up to the kernel's last return, without comments and the debug lines and labels
+    that move with the source's line numbers."""
+    lines = [re.sub(r"\.Ltmp\d+", ".Ltmp", line) for line in asm.splitlines()
+             if not re.match(r"\s*(\.loc|\.file|//|;|\.Ltmp\d+:|\$L__tmp\d+:)", line)]
+    ends = [i for i, line in enumerate(lines) if line.strip() in ("ret;", "s_endpgm")]
+    return "\n".join(lines[:ends[-1] + 1] if ends else lines)
+
+
 def main(argv) -> int:
     name, all_layouts = argv[0], "--all-layouts" in argv
+    asm_dir = Path(argv[argv.index("--asm") + 1]) if "--asm" in argv else None
     driver.set_active(CompileOnlyDriver(TARGETS[name]))
     compiled = set()
     launch = JITFunction.run
@@ -69,6 +84,10 @@ def main(argv) -> int:
     def compile_only(self, *args, grid, warmup, **kwargs):
         kernel = launch(self, *args, grid=grid, warmup=True, **kwargs)
         compiled.add(self.__name__)
+        if asm_dir is not None:
+            code = code_only(kernel.asm.get("ptx") or kernel.asm.get("amdgcn", ""))
+            asm_dir.mkdir(parents=True, exist_ok=True)
+            (asm_dir / f"{self.__name__}.{hashlib.sha1(code.encode()).hexdigest()[:12]}.s").write_text(code)
         return kernel
 
     JITFunction.run = compile_only
