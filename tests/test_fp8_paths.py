@@ -187,8 +187,8 @@ def test_e4m3_codec_follows_the_contract(no_fp8_types):
     finite = finite[~finite.isnan()].unique()
     ties = (finite[1:] + finite[:-1]) / 2
     x = torch.cat([ties, ties.nextafter(torch.tensor(1e9)), ties.nextafter(torch.tensor(-1e9)), -ties, finite,
-                   torch.tensor([float("nan"), -float("nan"), float("inf"), -float("inf"), 464.0, 1e30, -0.0, 2.0 ** -10,
-                                 1e-40]),
+                   torch.tensor([float("nan"), -float("nan"), float("inf"), -float("inf"), 464.0, 1e30, -0.0,
+                                 2.0 ** -10, 1e-40]),
                    torch.randn(512, generator=torch.Generator().manual_seed(0)) * 2.0 ** -7])
     x = torch.nn.functional.pad(x, (0, 2048 - x.numel()))
     values, out = torch.empty(256), torch.empty(2048, dtype=torch.uint8)

@@ -86,7 +86,8 @@ def mqa_logits(target: Target, a):
     tune = target.tuning
     grid = (triton.cdiv(T, tune.mqa_block_q) * triton.cdiv(S, tune.mqa_chunk_s),)
     _mqa_logits_kernel[grid](
-        fp8_bytes(a.q, target.fp8_soft), fp8_bytes(a.k, target.fp8_soft), a.k_scale, a.weights, a.ks, a.ke, out, T, S, H, a.weights.stride(0), a.weights.stride(1),
+        fp8_bytes(a.q, target.fp8_soft), fp8_bytes(a.k, target.fp8_soft), a.k_scale, a.weights, a.ks, a.ke, out, T,
+        S, H, a.weights.stride(0), a.weights.stride(1),
         a.ks.stride(0), a.ke.stride(0), CLEAN=a.clean, BLOCK_Q=tune.mqa_block_q, H_PAD=max(16, triton.next_power_of_2(H)),
         BLOCK_S=tune.mqa_block_s, CHUNK=tune.mqa_chunk_s, STAGES=tune.mqa_stages, FP8_SOFT=target.fp8_soft,
         num_warps=tune.mqa_warps,

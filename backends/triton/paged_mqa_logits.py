@@ -83,7 +83,8 @@ def paged_mqa_logits(target: Target, a):
     lens = a.context_lens
     grid = (B, triton.cdiv(a.max_context_len, BLOCK_T))
     _paged_mqa_logits_kernel[grid](
-        fp8_bytes(a.q, target.fp8_soft), a.kv_cache, a.weights, lens, a.block_table, out, H, next_n, a.kv_cache.shape[1], a.max_context_len,
+        fp8_bytes(a.q, target.fp8_soft), a.kv_cache, a.weights, lens, a.block_table, out, H, next_n,
+        a.kv_cache.shape[1], a.max_context_len,
         a.weights.stride(0), a.weights.stride(1), lens.stride(0), lens.stride(-1), a.block_table.stride(0),
         a.block_table.stride(1), LENS_2D=lens.dim() == 2, CLEAN=a.clean, NEXT_N_PAD=next_pad,
         H_PAD=h_pad, BLOCK_T=BLOCK_T, FP8_SOFT=target.fp8_soft,

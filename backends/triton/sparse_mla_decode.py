@@ -233,7 +233,8 @@ def attend(a, BLOCK_H: int, BLOCK_K: int, warps: int, stages: int, waves: int, s
     cache = fp8_bytes(a.kv_cache, soft)
     _decode_kernel[(T * head_blocks, splits)](
         fp8_bytes(a.q, soft), H, cache, a.indices, *a.indices.stride(), _or(lens, dummy), _stride(lens), topk,
-        a.block_size, page, fp8_bytes(a.extra_kv_cache, soft) if has_extra else cache, _or(x_idx, dummy), *(x_idx.stride() if has_extra else (0, 0)),
+        a.block_size, page, fp8_bytes(a.extra_kv_cache, soft) if has_extra else cache, _or(x_idx, dummy),
+        *(x_idx.stride() if has_extra else (0, 0)),
         _or(x_lens, dummy), _stride(x_lens), x_topk, a.extra_block_size or 1, x_page,
         sink, sink_s, out, lse, part_o, part_lse, a.softmax_scale, qs, ks, per_split,
         HAS_LENS=lens is not None, HAS_EXTRA=has_extra, HAS_X_LENS=x_lens is not None,
