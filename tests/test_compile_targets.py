@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from dsv4ops.ops import OP_NAMES
+
 SCRIPT = Path(__file__).with_name("compile_only.py")
 TRITON = Path(__file__).resolve().parent.parent / "backends" / "triton"
 
@@ -27,12 +29,26 @@ def test_the_kernel_list_is_found():
     assert {"_decode_kernel", "_fp8_einsum_kernel", "_indexer_topk_kernel", "_qnorm_rope_kv_insert_kernel"} <= KERNELS
 
 
+# The GPUs without FP8 tensor cores, served by the software fp8 path (backends/triton/__init__.py).
+SOFTWARE_FP8 = ("cuda:sm75", "cuda:sm80", "cuda:sm86", "rocm:gfx90a", "rocm:gfx1100")
+TARGETS = (*SOFTWARE_FP8, "cuda:sm89", "cuda:sm90", "cuda:sm120", "rocm:gfx942")
+DECLINED = {"cuda:sm75": {"sparse_mla_decode", "sparse_mla_prefill"}}    # bf16 tensor cores from sm80
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["cuda:sm90", "rocm:gfx942"])
+@pytest.mark.parametrize("target", TARGETS)
 def test_every_kernel_compiles_for(target):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    """Every kernel compiles, every op has compiled cases (no op only declined, but for what the
+    platform cannot do), and each op runs the fp8 path its platform should."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DSV4OPS_TRITON_TUNING")}
     run = subprocess.run([sys.executable, str(SCRIPT), target], capture_output=True, text=True, env=env,
                          timeout=1200)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     line = next(l for l in run.stdout.splitlines() if l.startswith("compiled for"))
-    assert KERNELS <= set(line.split(":", 2)[-1].split()), line
+    served = set(OP_NAMES) - DECLINED.get(target, set())
+    if target not in DECLINED:
+        assert KERNELS <= set(line.split(":", 2)[-1].split()), line
+    paths = set(re.findall(r"^cases (\w+) \[(.+)\]: \d+$", run.stdout, re.M))
+    assert {op for op, _ in paths} == served, run.stdout[-4000:]
+    software = {op for op, impl in paths if impl == "triton (fp8 in software)"}
+    assert software == (served - {"indexer_topk"} if target in SOFTWARE_FP8 else set()), paths

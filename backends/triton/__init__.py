@@ -1,11 +1,17 @@
-"""Portable Triton kernels for every op (CUDA, ROCm, XPU; the CPU through TRITON_INTERPRET=1)."""
+"""Portable Triton kernels for every op (CUDA, ROCm, XPU; the CPU through TRITON_INTERPRET=1).
+
+Each op that reads or writes fp8 has one kernel source with two arithmetic paths (a ``tl.constexpr``
+switch), registered as two implementations so that ``explain`` names the one that runs: ``triton``
+(FP8 types and FP8 MMA, where the GPU has them) and ``triton (fp8 in software)`` (e4m3 decoded and
+encoded with integer operations, bf16 / fp16 dots: NVIDIA sm80 / sm86, AMD without FP8 MMA).
+``DSV4OPS_TRITON_TUNING=fp8_path=soft`` (or ``hw``) forces a path (tuning.py)."""
 import torch
 
 from dsv4ops.backend_support import all_of, import_probe, triton_interpreter_enabled
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
 
-from .tuning import target, tuning
+from .tuning import cuda_sm, has_fp8_mma, target, tuning
 
 _import_triton = import_probe("triton", '"dsv4ops[triton]"')
 
@@ -49,13 +55,49 @@ def fp8_flavour_matches(plat: Platform, call) -> str | None:
     return None
 
 
-_P = "dsv4ops.backends.triton"
-BACKEND.implements("qnorm_rope_kv_insert", f"{_P}.qnorm_rope_kv_insert:qnorm_rope_kv_insert",
-                   supports=all_of(runs_here, fp8_flavour_matches))
-BACKEND.implements("sparse_mla_decode", f"{_P}.sparse_mla_decode:sparse_mla_decode",
-                   supports=all_of(runs_here, fp8_flavour_matches))
-BACKEND.implements("sparse_mla_prefill", f"{_P}.sparse_mla_prefill:sparse_mla_prefill",
-                   supports=all_of(runs_here, fp8_flavour_matches))
+def fp8_in_hardware(plat: Platform, call) -> str | None:
+    """The FP8 path runs where the platform has FP8 MMA and e4m3 conversions (``has_fp8_mma``)."""
+    path = tuning(plat).fp8_path
+    if path == "soft":
+        return "DSV4OPS_TRITON_TUNING fp8_path=soft forces the software fp8 path"
+    if not has_fp8_mma(plat):
+        return (f"{plat.vendor}:{plat.arch} has no FP8 tensor cores or e4m3 conversions"
+                + (" (fp8_path=hw cannot change that)" if path == "hw" else "; the software fp8 path serves it"))
+    return None
+
+
+def fp8_in_software(plat: Platform, call) -> str | None:
+    """The software fp8 path runs where the FP8 one cannot (or when forced), OCP e4m3 only."""
+    if tuning(plat).fp8_path == "hw":
+        return "DSV4OPS_TRITON_TUNING fp8_path=hw forces the FP8 path"
+    if not target(plat).fp8_soft:
+        return f"{plat.vendor}:{plat.arch} has FP8 tensor cores (DSV4OPS_TRITON_TUNING=fp8_path=soft forces this path)"
+    layout, q = call.get("layout"), call.get("q")
+    if (layout is not None and layout.fp8_flavour == "fnuz") or (q is not None and q.dtype == torch.float8_e4m3fnuz):
+        return "FNUZ e4m3 (gfx942) is served by the FP8 path only"
+    return None
+
+
+def bf16_tensor_cores(plat: Platform, call) -> str | None:
+    """The attention's dots take the bf16 query: bf16 MMA, CUDA from sm80. (fp16 cannot stand in:
+    the dequantized cache values carry UE8M0 scales up to 2^+-127.) The fp8 x fp8 products of the
+    other ops run in fp16 on the software path, which sm75 has."""
+    if plat.vendor == "cuda" and cuda_sm(plat) < 80:
+        return f"{plat.arch}: the attention needs bf16 tensor cores (sm80 and newer)"
+    return None
+
+
+def implements_both_paths(op: str, supports) -> None:
+    """Register ``op``'s wrapper twice: the FP8 path and the software fp8 path, each behind
+    ``supports`` and its own path check."""
+    target_fn = f"dsv4ops.backends.triton.{op}:{op}"
+    BACKEND.implements(op, target_fn, supports=all_of(supports, fp8_in_hardware))
+    BACKEND.implements(op, target_fn, name="triton (fp8 in software)", supports=all_of(supports, fp8_in_software))
+
+
+implements_both_paths("qnorm_rope_kv_insert", all_of(runs_here, fp8_flavour_matches))
+implements_both_paths("sparse_mla_decode", all_of(runs_here, fp8_flavour_matches, bf16_tensor_cores))
+implements_both_paths("sparse_mla_prefill", all_of(runs_here, fp8_flavour_matches, bf16_tensor_cores))
 
 
 CUDA_GRID_YZ = 65535        # CUDA's limit on grid dimensions 1 and 2
@@ -70,12 +112,11 @@ def logits_grid_fits(plat: Platform, call) -> str | None:
     return None
 
 
-BACKEND.implements("paged_mqa_logits", f"{_P}.paged_mqa_logits:paged_mqa_logits",
-                   supports=all_of(runs_here, logits_grid_fits))
-BACKEND.implements("paged_mqa_topk", f"{_P}.paged_mqa_topk:paged_mqa_topk", supports=all_of(runs_here, logits_grid_fits))
-BACKEND.implements("fp8_einsum", f"{_P}.fp8_einsum:fp8_einsum", supports=runs_here)
-BACKEND.implements("indexer_topk", f"{_P}.indexer_topk:indexer_topk", supports=runs_here)
-BACKEND.implements("inv_rope_fp8_quant", f"{_P}.inv_rope_fp8_quant:inv_rope_fp8_quant", supports=runs_here)
-BACKEND.implements("compress_kv_insert", f"{_P}.compress_kv_insert:compress_kv_insert", supports=runs_here)
-BACKEND.implements("mqa_logits", f"{_P}.mqa_logits:mqa_logits", supports=all_of(runs_here, fp8_flavour_matches))
-BACKEND.implements("mqa_topk", f"{_P}.mqa_topk:mqa_topk", supports=all_of(runs_here, fp8_flavour_matches))
+implements_both_paths("paged_mqa_logits", all_of(runs_here, logits_grid_fits))
+implements_both_paths("paged_mqa_topk", all_of(runs_here, logits_grid_fits))
+implements_both_paths("fp8_einsum", runs_here)
+BACKEND.implements("indexer_topk", "dsv4ops.backends.triton.indexer_topk:indexer_topk", supports=runs_here)
+implements_both_paths("inv_rope_fp8_quant", runs_here)
+implements_both_paths("compress_kv_insert", runs_here)
+implements_both_paths("mqa_logits", all_of(runs_here, fp8_flavour_matches))
+implements_both_paths("mqa_topk", all_of(runs_here, fp8_flavour_matches))

@@ -22,7 +22,7 @@ import triton.language as tl
 from dsv4ops import formats
 from dsv4ops.quant import FP8_MAX
 
-from .common import ceil_log2, exp2_int
+from .common import ceil_log2, exp2_int, to_e4m3
 from .tuning import Target
 
 
@@ -99,7 +99,7 @@ def _pool_window(t, p, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0
 
 @triton.jit
 def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D: tl.constexpr,
-                 RATIO: tl.constexpr, DS_MLA: tl.constexpr, FP8_MAX: tl.constexpr):
+                 RATIO: tl.constexpr, DS_MLA: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SOFT: tl.constexpr):
     """RMSNorm, RoPE at the window's first position, bf16, and the quantized entry at ``slot``."""
     d = tl.arange(0, D)
     weight = tl.load(w_ptr + d * w_stride).to(tl.float32)
@@ -119,7 +119,7 @@ def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block
     if DS_MLA:
         tiles = tl.reshape(y, (D // 64, 64))
         ex = ceil_log2(tl.maximum(tl.max(tl.abs(tiles), axis=1), 1e-4) / FP8_MAX)
-        q8 = tl.reshape(tl.clamp(tiles * exp2_int(-ex)[:, None], -FP8_MAX, FP8_MAX).to(tl.float8e4nv), (D,))
+        q8 = tl.reshape(to_e4m3(tiles * exp2_int(-ex)[:, None], FP8_MAX, False, FP8_SOFT), (D,))
         data = page_ptr + off * 576
         tl.store(data + d, q8.to(tl.uint8, bitcast=True), mask=d < D - 64)
         tl.store((data + D - 64).to(tl.pointer_type(tl.bfloat16)) + d - (D - 64), y.to(tl.bfloat16),
@@ -129,7 +129,7 @@ def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block
         tl.store(page_ptr + block_size * 576 + off * 8 + k, byte.to(tl.uint8))
     else:
         ex = ceil_log2(tl.maximum(tl.max(tl.abs(y), axis=0), 1e-4) / FP8_MAX)
-        q8 = tl.clamp(y * exp2_int(-ex), -FP8_MAX, FP8_MAX).to(tl.float8e4nv)
+        q8 = to_e4m3(y * exp2_int(-ex), FP8_MAX, False, FP8_SOFT)
         tl.store(page_ptr + off * D + d, q8.to(tl.uint8, bitcast=True))
         tl.store((page_ptr + block_size * D + off * 4).to(tl.pointer_type(tl.float32)), exp2_int(ex))
 
@@ -138,7 +138,7 @@ def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block
 def _compress(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, sslot_stride, btab_ptr, btab_stride0,
               btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, slot_ptr, slot_stride,
               block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr,
-              DS_MLA: tl.constexpr, FP8_MAX: tl.constexpr, TOKENS: tl.constexpr):
+              DS_MLA: tl.constexpr, FP8_MAX: tl.constexpr, TOKENS: tl.constexpr, FP8_SOFT: tl.constexpr):
     """Program of TOKENS tokens: pools each whole window they close and writes its entry (one token:
     a branch, not a loop, which takes sm90 16 registers fewer)."""
     t, p, slot, rank, count = _closing(n, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO,
@@ -147,23 +147,23 @@ def _compress(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr,
               req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes)
     if TOKENS == 1:
         if count > 0:
-            _whole_window(0, *window, D, RATIO, C, CHUNK, DS_MLA, FP8_MAX)
+            _whole_window(0, *window, D, RATIO, C, CHUNK, DS_MLA, FP8_MAX, FP8_SOFT)
     else:
         for i in range(count):
-            _whole_window(i, *window, D, RATIO, C, CHUNK, DS_MLA, FP8_MAX)
+            _whole_window(i, *window, D, RATIO, C, CHUNK, DS_MLA, FP8_MAX, FP8_SOFT)
 
 
 @triton.jit
 def _whole_window(i, t, p, slot, rank, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1, req_ptr,
                   req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D: tl.constexpr,
                   RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr, DS_MLA: tl.constexpr,
-                  FP8_MAX: tl.constexpr):
+                  FP8_MAX: tl.constexpr, FP8_SOFT: tl.constexpr):
     """The entry of the window the i-th closing token of the block closes."""
     ti, pi, si = _pick(i, t, p, slot, rank)
     pooled = _pool_window(ti, pi, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1, req_ptr,
                           req_stride, sbs, 0, D, D, RATIO, C, CHUNK)
     _write_entry(pooled, pi, si, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D, RATIO, DS_MLA,
-                 FP8_MAX)
+                 FP8_MAX, FP8_SOFT)
 
 
 @triton.jit
@@ -186,7 +186,7 @@ def _pool(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, ssl
 @triton.jit
 def _finish(pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, ws_ptr, w_ptr, w_stride, eps, cs_ptr,
             cache_ptr, block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr, DS_MLA: tl.constexpr,
-            FP8_MAX: tl.constexpr, TOKENS: tl.constexpr):
+            FP8_MAX: tl.constexpr, TOKENS: tl.constexpr, FP8_SOFT: tl.constexpr):
     """Program of TOKENS tokens: the entries of the pooled rows ``_pool`` left in ws."""
     t, p, slot, rank, count = _closing(n, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO,
                                        TOKENS)
@@ -194,7 +194,7 @@ def _finish(pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride,
         ti, pi, si = _pick(i, t, p, slot, rank)
         pooled = tl.load(ws_ptr + ti * D + tl.arange(0, D))
         _write_entry(pooled, pi, si, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D, RATIO,
-                     DS_MLA, FP8_MAX)
+                     DS_MLA, FP8_MAX, FP8_SOFT)
 
 
 def compress_kv_insert(target: Target, a):
@@ -223,7 +223,7 @@ def compress_kv_insert(target: Target, a):
         per = tun.compress_tokens
         _compress[(triton.cdiv(n, per),)](*window, *entry, slots, slots.stride(0), a.block_size, page_bytes, n, D=D,
                                           RATIO=a.ratio, C=c, CHUNK=chunk, DS_MLA=ds_mla, FP8_MAX=FP8_MAX["ocp"],
-                                          TOKENS=per, num_warps=warps)
+                                          TOKENS=per, FP8_SOFT=target.fp8_soft, num_warps=warps)
         return None
     ws = torch.empty(n, D, dtype=torch.float32, device=a.kv.device)
     per = tun.compress_pool_tokens
@@ -231,5 +231,5 @@ def compress_kv_insert(target: Target, a):
                                                 C=c, CHUNK=chunk, TOKENS=per, num_warps=tun.compress_pool_warps)
     _finish[(triton.cdiv(n, per),)](pos, pos.stride(0), sslots, sslots.stride(0), slots, slots.stride(0), ws, *entry,
                                     a.block_size, page_bytes, n, D=D, RATIO=a.ratio, DS_MLA=ds_mla,
-                                    FP8_MAX=FP8_MAX["ocp"], TOKENS=per, num_warps=warps)
+                                    FP8_MAX=FP8_MAX["ocp"], TOKENS=per, FP8_SOFT=target.fp8_soft, num_warps=warps)
     return None

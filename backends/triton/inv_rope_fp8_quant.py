@@ -10,13 +10,13 @@ import triton.language as tl
 
 from dsv4ops.quant import FP8_MAX
 
-from .common import ceil_log2, exp2_int
+from .common import ceil_log2, exp2_int, fp8_bytes, to_e4m3
 from .tuning import Target
 
 
 @triton.jit
 def _inv_rope_fp8_quant_kernel(o_ptr, stride_t, stride_h, pos_ptr, pos_stride, cs_ptr, a_ptr, s_ptr, H,
-                               HEADS: tl.constexpr, FP8_MAX: tl.constexpr):
+                               HEADS: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SOFT: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
     live = (h < H)[:, None]
@@ -35,7 +35,7 @@ def _inv_rope_fp8_quant_kernel(o_ptr, stride_t, stride_h, pos_ptr, pos_stride, c
     blocks = tl.reshape(y, (HEADS, 4, 128))
     amax = tl.maximum(tl.max(tl.abs(blocks), axis=2), 1e-10)
     ex = ceil_log2(amax / FP8_MAX)
-    q = tl.clamp(blocks * exp2_int(-ex)[:, :, None], -FP8_MAX, FP8_MAX).to(tl.float8e4nv)
+    q = to_e4m3(blocks * exp2_int(-ex)[:, :, None], FP8_MAX, False, FP8_SOFT)
     out_row = t * H + h.to(tl.int64)
     tl.store(a_ptr + out_row[:, None] * 512 + d[None, :], tl.reshape(q, (HEADS, 512)), mask=live)
     tl.store(s_ptr + out_row[:, None] * 4 + tl.arange(0, 4)[None, :], exp2_int(ex), mask=live)
@@ -51,7 +51,8 @@ def inv_rope_fp8_quant(target: Target, a):
     tune = target.tuning
     heads = min(tune.inv_rope_heads, triton.next_power_of_2(H))
     _inv_rope_fp8_quant_kernel[(T, triton.cdiv(H, heads))](
-        a.o, a.o.stride(0), a.o.stride(1), a.positions, a.positions.stride(0), a.cos_sin_cache, values, scales, H,
-        HEADS=heads, FP8_MAX=FP8_MAX["ocp"], num_warps=tune.inv_rope_warps,
+        a.o, a.o.stride(0), a.o.stride(1), a.positions, a.positions.stride(0), a.cos_sin_cache,
+        fp8_bytes(values, target.fp8_soft), scales, H, HEADS=heads, FP8_MAX=FP8_MAX["ocp"], FP8_SOFT=target.fp8_soft,
+        num_warps=tune.inv_rope_warps,
     )
     return values, scales

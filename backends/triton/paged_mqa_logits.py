@@ -2,13 +2,15 @@
 fp8 keys once and scores them against each MTP row's heads with one tl.dot per row, keys as the
 tall operand (``[BLOCK_T, 128] x [128, H]``): the weighted sum over heads then runs along the
 product's columns, inside each warp, with no exchange through shared memory. Any next_n. weights,
-context_lens and block_table are read through their strides."""
+context_lens and block_table are read through their strides. The software fp8 path decodes keys and
+queries to fp16 holding value * 2**-8 (exact) and scales the logits by 2**16."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
+from .common import e4m3_as_f16, fp8_bytes
 from .tuning import Target
 
 
@@ -25,7 +27,7 @@ def _row_limits(lens_ptr, b, j, next_n, stride_l0, stride_l1, LENS_2D: tl.conste
 def _paged_mqa_logits_kernel(q_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, H, next_n, block_size, width,
                              stride_w0, stride_w1, stride_l0, stride_l1, stride_t0, stride_t1,
                              LENS_2D: tl.constexpr, CLEAN: tl.constexpr, NEXT_N_PAD: tl.constexpr,
-                             H_PAD: tl.constexpr, BLOCK_T: tl.constexpr):
+                             H_PAD: tl.constexpr, BLOCK_T: tl.constexpr, FP8_SOFT: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     t0 = tl.program_id(1) * BLOCK_T
     t = t0 + tl.arange(0, BLOCK_T)
@@ -38,16 +40,23 @@ def _paged_mqa_logits_kernel(q_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_p
         page_base = cache_ptr + page * (block_size * 132)
         d = tl.arange(0, 128)
         keys = tl.load((page_base + (t % block_size) * 128)[:, None] + d[None, :], mask=live_t[:, None], other=0)
-        keys = keys.to(tl.float8e4nv, bitcast=True)
+        if FP8_SOFT:
+            keys = e4m3_as_f16(keys)
+        else:
+            keys = keys.to(tl.float8e4nv, bitcast=True)
         scale = tl.load((page_base + block_size * 128 + (t % block_size) * 4).to(tl.pointer_type(tl.float32)),
                         mask=live_t, other=0.0)
         h = tl.arange(0, H_PAD)
         for j in range(next_n):
             row = b * next_n + j
             q = tl.load(q_ptr + (row * H + h)[:, None] * 128 + d[None, :], mask=(h < H)[:, None], other=0.0)
+            if FP8_SOFT:
+                q = e4m3_as_f16(q)
             s = tl.dot(keys, tl.trans(q)) * scale[:, None]                     # [BLOCK_T, H_PAD]
             w = tl.load(w_ptr + row * stride_w0 + h.to(tl.int64) * stride_w1, mask=h < H, other=0.0)
             logits = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
+            if FP8_SOFT:                         # fp16 operands held each value * 2**-8
+                logits = logits * 65536.0
             valid = t < _row_limits(lens_ptr, b, j, next_n, stride_l0, stride_l1, LENS_2D)
             out_row = out_ptr + row * width + t
             if CLEAN:
@@ -73,10 +82,11 @@ def paged_mqa_logits(target: Target, a):
     lens = a.context_lens
     grid = (B, triton.cdiv(a.max_context_len, BLOCK_T))
     _paged_mqa_logits_kernel[grid](
-        a.q, a.kv_cache, a.weights, lens, a.block_table, out, H, next_n, a.kv_cache.shape[1], a.max_context_len,
+        fp8_bytes(a.q, target.fp8_soft), a.kv_cache, a.weights, lens, a.block_table, out, H, next_n,
+        a.kv_cache.shape[1], a.max_context_len,
         a.weights.stride(0), a.weights.stride(1), lens.stride(0), lens.stride(-1), a.block_table.stride(0),
         a.block_table.stride(1), LENS_2D=lens.dim() == 2, CLEAN=a.clean, NEXT_N_PAD=next_pad,
-        H_PAD=h_pad, BLOCK_T=BLOCK_T,
+        H_PAD=h_pad, BLOCK_T=BLOCK_T, FP8_SOFT=target.fp8_soft,
         num_warps=tune.logits_warps,
     )
     return out

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from dsv4ops.quant import FP8_MAX
 
-from .common import ceil_log2, exp2_int, load_scalar, scalar_arg
+from .common import ceil_log2, exp2_int, fp8_bytes, load_scalar, scalar_arg, to_e4m3
 from .tuning import Target
 
 
@@ -24,12 +24,11 @@ def _qnorm_rope_kv_insert_kernel(
     q_ptr, kv_ptr, kv_stride, pos_ptr, pos_stride, cs_ptr, cache_ptr, slot_ptr, slot_stride, out_ptr, n_kv, H, eps,
     kv_scale, q_scale, block_size, page_bytes,
     LAYOUT: tl.constexpr, FNUZ: tl.constexpr, KV_SCALE_PTR: tl.constexpr, Q_SCALE_PTR: tl.constexpr,
-    FP8_MAX: tl.constexpr, HEADS: tl.constexpr,
+    FP8_MAX: tl.constexpr, HEADS: tl.constexpr, FP8_SOFT: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     pos = tl.load(pos_ptr + t * pos_stride)
-    fp8: tl.constexpr = tl.float8e4b8 if FNUZ else tl.float8e4nv
     if g < tl.cdiv(H, HEADS):
         h = g * HEADS + tl.arange(0, HEADS)
         live = (h < H)[:, None]
@@ -49,7 +48,7 @@ def _qnorm_rope_kv_insert_kernel(
         y = tl.reshape(tl.join(tl.where(rope, e2, e), tl.where(rope, o2, o)), (HEADS, 512)).to(tl.bfloat16)
         if LAYOUT == 2:       # Layout.FP8_PER_TENSOR: fp8 q' = sat(bf16(q') / q_scale); q itself untouched
             qs = load_scalar(q_scale, Q_SCALE_PTR)
-            tl.store(out_ptr + rows, tl.clamp(y.to(tl.float32) / qs, -FP8_MAX, FP8_MAX).to(tl.float8e4nv), mask=live)
+            tl.store(out_ptr + rows, to_e4m3(y.to(tl.float32) / qs, FP8_MAX, False, FP8_SOFT), mask=live)
         else:
             tl.store(out_ptr + rows, y, mask=live)
     elif t < n_kv:
@@ -72,7 +71,7 @@ def _qnorm_rope_kv_insert_kernel(
                 v = tl.load(src + tile * 64 + col, mask=live, other=0.0).to(tl.float32)
                 amax = tl.maximum(tl.max(tl.abs(v), axis=1), 1e-4)
                 ex = ceil_log2(amax / FP8_MAX)
-                q8 = tl.clamp(v * exp2_int(-ex)[:, None], -FP8_MAX, FP8_MAX).to(fp8)
+                q8 = to_e4m3(v * exp2_int(-ex)[:, None], FP8_MAX, FNUZ, FP8_SOFT)
                 data = page + off * 576
                 tl.store(data + tile * 64 + col, q8.to(tl.uint8, bitcast=True), mask=live)
                 rope = (data + 448).to(tl.pointer_type(tl.bfloat16))
@@ -91,9 +90,9 @@ def _qnorm_rope_kv_insert_kernel(
                     tl.store(dst + 449 + 2 * i, o)
                 else:
                     ks = load_scalar(kv_scale, KV_SCALE_PTR)
-                    tl.store(dst + d, tl.clamp(v.to(tl.float32) / ks, -FP8_MAX, FP8_MAX).to(tl.float8e4nv), mask=nope)
-                    tl.store(dst + 448 + 2 * i, tl.clamp(e.to(tl.float32) / ks, -FP8_MAX, FP8_MAX).to(tl.float8e4nv))
-                    tl.store(dst + 449 + 2 * i, tl.clamp(o.to(tl.float32) / ks, -FP8_MAX, FP8_MAX).to(tl.float8e4nv))
+                    tl.store(dst + d, to_e4m3(v.to(tl.float32) / ks, FP8_MAX, False, FP8_SOFT), mask=nope)
+                    tl.store(dst + 448 + 2 * i, to_e4m3(e.to(tl.float32) / ks, FP8_MAX, False, FP8_SOFT))
+                    tl.store(dst + 449 + 2 * i, to_e4m3(o.to(tl.float32) / ks, FP8_MAX, False, FP8_SOFT))
 
 
 def qnorm_rope_kv_insert(target: Target, a):
@@ -109,11 +108,12 @@ def qnorm_rope_kv_insert(target: Target, a):
     page_bytes = layout.page_bytes(a.block_size) if layout.is_ds_mla else 0
     tune = target.tuning
     heads = min(tune.insert_heads, triton.next_power_of_2(H))
+    soft = target.fp8_soft
     _qnorm_rope_kv_insert_kernel[(T, triton.cdiv(H, heads) + 1)](
-        a.q, a.kv, a.kv.stride(0), a.positions, a.positions.stride(0), a.cos_sin_cache, a.kv_cache, a.slot_mapping,
-        a.slot_mapping.stride(0), out, a.slot_mapping.shape[0], H,
+        a.q, a.kv, a.kv.stride(0), a.positions, a.positions.stride(0), a.cos_sin_cache, fp8_bytes(a.kv_cache, soft),
+        a.slot_mapping, a.slot_mapping.stride(0), fp8_bytes(out, soft), a.slot_mapping.shape[0], H,
         a.eps, ks, qs, a.block_size, page_bytes,
         LAYOUT=layout.kind, FNUZ=layout.fp8_flavour == "fnuz", KV_SCALE_PTR=ks_ptr, Q_SCALE_PTR=qs_ptr,
-        FP8_MAX=FP8_MAX[layout.fp8_flavour or "ocp"], HEADS=heads, num_warps=tune.insert_warps,
+        FP8_MAX=FP8_MAX[layout.fp8_flavour or "ocp"], HEADS=heads, FP8_SOFT=soft, num_warps=tune.insert_warps,
     )
     return out

@@ -16,17 +16,18 @@ import triton.language as tl
 from dsv4ops.backend_support import decode_output
 from dsv4ops.platform import multiprocessors
 
-from .common import load_scalar, scalar_arg, ue8m0_decode
+from .common import e4m3_to_f32, fp8_bytes, load_scalar, scalar_arg, ue8m0_decode
 from .tuning import Target
 
 
 @triton.jit
 def _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT: tl.constexpr, FNUZ: tl.constexpr,
-               BLOCK_K: tl.constexpr):
+               BLOCK_K: tl.constexpr, FP8_SOFT: tl.constexpr):
     """Rows ``[BLOCK_K, 512]`` as bf16 (fp8 values unscaled for Layout.FP8_PER_TENSOR); invalid rows are 0.
 
     MODEL1 rows are read as 8 tiles of 64: tiles 0-6 are fp8 scaled by their UE8M0 byte (one load
-    per tile), tile 7 is the bf16 RoPE part; the dequantized values are exact in bf16.
+    per tile), tile 7 is the bf16 RoPE part; the dequantized values are exact in bf16. With FP8_SOFT
+    the fp8 bytes (uint8) are decoded with integer operations.
     """
     ok = valid[:, None]
     if LAYOUT == 0:                        # Layout.DS_MLA
@@ -41,7 +42,10 @@ def _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT: tl.const
         fp8: tl.constexpr = tl.float8e4b8 if FNUZ else tl.float8e4nv
         scale_byte = tl.load((page + block_size * 576 + off * 8)[:, None] + tile[None, :],
                              mask=ok & (tile < 7)[None, :], other=127)
-        values = raw.to(fp8, bitcast=True).to(tl.float32) * ue8m0_decode(scale_byte)[:, :, None]
+        if FP8_SOFT:
+            values = e4m3_to_f32(raw) * ue8m0_decode(scale_byte)[:, :, None]
+        else:
+            values = raw.to(fp8, bitcast=True).to(tl.float32) * ue8m0_decode(scale_byte)[:, :, None]
         rope_ptr = (page + off * 576 + 448).to(tl.pointer_type(tl.bfloat16))
         rope = tl.load(rope_ptr[:, None] + col[None, :], mask=ok, other=0.0).to(tl.float32)
         rows = tl.where(nope, values, rope[:, None, :])
@@ -49,17 +53,25 @@ def _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT: tl.const
     else:
         col = tl.arange(0, 512)[None, :]
         row = cache_ptr + slots.to(tl.int64)[:, None] * 512
-        return tl.load(row + col, mask=ok, other=0.0).to(tl.bfloat16)
+        return _bf16(tl.load(row + col, mask=ok, other=0.0), FP8_SOFT and LAYOUT == 2)
+
+
+@triton.jit
+def _bf16(x, E4M3_BYTES: tl.constexpr):
+    """``x`` as bf16; with E4M3_BYTES ``x`` holds e4m3 bytes (the software path's fp8 tensors)."""
+    if E4M3_BYTES:
+        x = e4m3_to_f32(x)
+    return x.to(tl.bfloat16)
 
 
 @triton.jit
 def _attend_block(q, m, l, acc, t, idx_ptr, idx_s0, idx_s1, length, topk, cache_ptr, block_size, page_bytes, b,
-                  qk_scale, LAYOUT: tl.constexpr, FNUZ: tl.constexpr, BLOCK_K: tl.constexpr):
+                  qk_scale, LAYOUT: tl.constexpr, FNUZ: tl.constexpr, BLOCK_K: tl.constexpr, FP8_SOFT: tl.constexpr):
     """Online-softmax step over index block ``b`` of one segment; scores in base 2."""
     j = b * BLOCK_K + tl.arange(0, BLOCK_K)
     slots = tl.load(idx_ptr + t * idx_s0 + j.to(tl.int64) * idx_s1, mask=j < topk, other=-1)
     valid = (slots != -1) & (j < length)
-    k = _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT, FNUZ, BLOCK_K)
+    k = _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT, FNUZ, BLOCK_K, FP8_SOFT)
     s = tl.dot(q, tl.trans(k)) * qk_scale
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -86,7 +98,7 @@ def _decode_kernel(
     sink_ptr, sink_s, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, sm_scale, q_scale, kv_scale, blocks_per_split,
     HAS_LENS: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_X_LENS: tl.constexpr, HAS_SINK: tl.constexpr,
     LAYOUT: tl.constexpr, FNUZ: tl.constexpr, SPLIT: tl.constexpr, Q_SCALE_PTR: tl.constexpr,
-    KV_SCALE_PTR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    KV_SCALE_PTR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, FP8_SOFT: tl.constexpr,
 ):
     head_blocks = tl.cdiv(H, BLOCK_H)
     t = (tl.program_id(0) // head_blocks).to(tl.int64)
@@ -96,7 +108,7 @@ def _decode_kernel(
     live = heads < H
     col = tl.arange(0, 512)
     q = tl.load(q_ptr + (t * H + heads)[:, None] * 512 + col[None, :], mask=live[:, None], other=0.0)
-    q = q.to(tl.bfloat16)
+    q = _bf16(q, FP8_SOFT and LAYOUT == 2)
     qk_scale = sm_scale * 1.4426950408889634
     if LAYOUT == 2:                        # Layout.FP8_PER_TENSOR
         qk_scale = qk_scale * load_scalar(q_scale, Q_SCALE_PTR) * load_scalar(kv_scale, KV_SCALE_PTR)
@@ -114,12 +126,12 @@ def _decode_kernel(
         b = split * blocks_per_split + i
         if b < n_main:
             m, l, acc = _attend_block(q, m, l, acc, t, idx_ptr, idx_s0, idx_s1, length, topk, cache_ptr,
-                                      block_size, page_bytes, b, qk_scale, LAYOUT, FNUZ, BLOCK_K)
+                                      block_size, page_bytes, b, qk_scale, LAYOUT, FNUZ, BLOCK_K, FP8_SOFT)
         elif HAS_EXTRA:
             if b - n_main < tl.cdiv(x_topk, BLOCK_K):
                 m, l, acc = _attend_block(q, m, l, acc, t, x_idx_ptr, x_idx_s0, x_idx_s1, x_length, x_topk,
                                           x_cache_ptr, x_block_size, x_page_bytes, b - n_main, qk_scale, LAYOUT,
-                                          FNUZ, BLOCK_K)
+                                          FNUZ, BLOCK_K, FP8_SOFT)
 
     empty = l == 0.0
     o = acc / tl.where(empty, 1.0, l)[:, None]
@@ -184,12 +196,12 @@ def choose_splits(T: int, head_blocks: int, index_blocks: int, device: torch.dev
 def sparse_mla_decode(target: Target, a):
     tune = target.tuning
     return attend(a, tune.decode_block_h, tune.decode_block_k, tune.decode_warps, tune.decode_stages,
-                  tune.decode_waves)
+                  tune.decode_waves, target.fp8_soft)
 
 
-def attend(a, BLOCK_H: int, BLOCK_K: int, warps: int, stages: int, waves: int):
+def attend(a, BLOCK_H: int, BLOCK_K: int, warps: int, stages: int, waves: int, soft: bool):
     """Run the kernels on typed args ``a`` (sparse_mla_decode's or sparse_mla_prefill's, which are the
-    same) with the given tiles; returns (out bf16 [T, H, 512], lse fp32 [T, H] or None)."""
+    same) with the given tiles and fp8 path; returns (out bf16 [T, H, 512], lse fp32 [T, H] or None)."""
     T, H, _ = a.q.shape
     out = decode_output(a.q, a.out)
     lse = torch.empty(T, H, dtype=torch.float32, device=a.q.device)
@@ -216,14 +228,16 @@ def attend(a, BLOCK_H: int, BLOCK_K: int, warps: int, stages: int, waves: int):
     lens, x_idx, x_lens = a.topk_lens, a.extra_indices, a.extra_topk_lens
     sink = a.attn_sink if a.attn_sink is not None else lse
     sink_s = a.attn_sink.stride(0) if a.attn_sink is not None else 0
+    cache = fp8_bytes(a.kv_cache, soft)
     _decode_kernel[(T * head_blocks, splits)](
-        a.q, H, a.kv_cache, a.indices, *a.indices.stride(), _or(lens, dummy), _stride(lens), topk, a.block_size, page,
-        a.extra_kv_cache if has_extra else a.kv_cache, _or(x_idx, dummy), *(x_idx.stride() if has_extra else (0, 0)),
+        fp8_bytes(a.q, soft), H, cache, a.indices, *a.indices.stride(), _or(lens, dummy), _stride(lens), topk,
+        a.block_size, page, fp8_bytes(a.extra_kv_cache, soft) if has_extra else cache, _or(x_idx, dummy),
+        *(x_idx.stride() if has_extra else (0, 0)),
         _or(x_lens, dummy), _stride(x_lens), x_topk, a.extra_block_size or 1, x_page,
         sink, sink_s, out, lse, part_o, part_lse, a.softmax_scale, qs, ks, per_split,
         HAS_LENS=lens is not None, HAS_EXTRA=has_extra, HAS_X_LENS=x_lens is not None,
         HAS_SINK=a.attn_sink is not None, LAYOUT=layout.kind, FNUZ=layout.fp8_flavour == "fnuz",
-        SPLIT=splits > 1, Q_SCALE_PTR=qs_ptr, KV_SCALE_PTR=ks_ptr, BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K,
+        SPLIT=splits > 1, Q_SCALE_PTR=qs_ptr, KV_SCALE_PTR=ks_ptr, BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K, FP8_SOFT=soft,
         num_warps=warps, num_stages=stages,
     )
     if splits > 1:

@@ -16,4 +16,4 @@ from .tuning import Target
 def sparse_mla_prefill(target: Target, a):
     tune = target.tuning
     return attend(a, tune.prefill_block_h, tune.prefill_block_k, tune.prefill_warps, tune.prefill_stages,
-                  tune.decode_waves)
+                  tune.decode_waves, target.fp8_soft)

@@ -54,6 +54,8 @@ class Tuning:
     compress_pool_warps: int = 4    # the channel-group pooling programs
     compress_pool_tokens: int = 64  # tokens per pooling / entry program (it takes the windows they close in turn)
     compress_tokens: int = 1        # tokens per whole-window program (channels >= D)
+    fp8_path: str = "auto"          # fp8 arithmetic: auto (the platform's capability), soft (integer
+                                    # decode / encode, bf16 / fp16 dots) or hw (fp8 dtypes and FP8 MMA)
 
 
 _TABLE = {
@@ -80,15 +82,39 @@ _TABLE = {
 @dataclass(frozen=True)
 class Target:
     """What a Triton wrapper knows of where it runs, bound once per dispatch decision (the backend's
-    context): the platform, its tunables, and Triton's threads per warp there."""
+    context): the platform, its tunables, Triton's threads per warp there, and the fp8 arithmetic
+    path: ``fp8_soft`` False runs fp8 dtypes and FP8 MMA, True decodes and encodes e4m3 with
+    integer operations and runs bf16 / fp16 dots (``fp8_path``)."""
 
     platform: Platform
     tuning: Tuning
     warp_lanes: int
+    fp8_soft: bool
 
 
 def target(plat: Platform) -> Target:
-    return Target(plat, tuning(plat), warp_lanes(plat))
+    tune = tuning(plat)
+    soft = tune.fp8_path == "soft" or (tune.fp8_path == "auto" and not has_fp8_mma(plat))
+    return Target(plat, tune, warp_lanes(plat), soft)
+
+
+def has_fp8_mma(plat: Platform) -> bool:
+    """Whether ``plat`` has FP8 tensor cores and e4m3 conversions Triton lowers: NVIDIA from sm89
+    (Ada, Hopper, Blackwell), AMD gfx942 / gfx950 (MFMA) and RDNA4 gfx12 (WMMA). NVIDIA before sm89
+    and AMD gfx90a / gfx908 / RDNA3 (gfx11) have none. XPU and the interpreter keep Triton's own fp8
+    types."""
+    if plat.vendor == "cuda":
+        return cuda_sm(plat) >= 89
+    if plat.vendor == "rocm":
+        return plat.arch in ("gfx942", "gfx950") or plat.arch.startswith("gfx12")
+    return True
+
+
+def cuda_sm(plat: Platform) -> int:
+    """The compute capability of a CUDA arch tag as an integer (sm90 -> 90, sm121 -> 121; 0 when
+    the tag is not ``sm<digits>``)."""
+    digits = plat.arch[2:]
+    return int(digits) if plat.arch.startswith("sm") and digits.isdigit() else 0
 
 
 def tuning(plat: Platform) -> Tuning:
@@ -104,14 +130,14 @@ def warp_lanes(plat: Platform) -> int:
     return 64 if plat.vendor == "rocm" and plat.arch.startswith("gfx9") else 32
 
 
-def _allowed(name: str, value: int, max_warps: int) -> str | None:
+def _allowed(name: str, value: int | str, max_warps: int) -> str | None:
     """Why ``value`` cannot be tunable ``name`` (None if it can): block sizes are powers of two
     (``tl.arange``), at least 16 where they feed ``tl.dot``; warps a power of two up to 1024 threads;
     switches one of their listed values."""
-    power_of_two = value > 0 and not value & (value - 1)
     if name in _CHOICES:
         *first, last = _CHOICES[name]
         return None if value in _CHOICES[name] else f"{', '.join(map(str, first))} or {last}"
+    power_of_two = value > 0 and not value & (value - 1)
     if name.endswith("_warps"):
         return None if power_of_two and value <= max_warps else f"a power of two from 1 to {max_warps} here"
     if name.endswith(("_stages", "_waves")):
@@ -123,7 +149,8 @@ def _allowed(name: str, value: int, max_warps: int) -> str | None:
     return None if power_of_two and value >= minimum else f"a power of two, at least {minimum}"
 
 
-_CHOICES = {"einsum_tma": (0, 1)}
+_CHOICES = {"einsum_tma": (0, 1), "fp8_path": ("auto", "soft", "hw")}
+_WORDS = ("fp8_path",)                  # tunables whose values are words, not integers
 _MAXIMUM = {"topk_resident": 32768}     # a resident top-k counts its output slots in 16-bit fields
 _DOT_OPERANDS = ("decode_block_h", "decode_block_k", "prefill_block_h", "prefill_block_k", "einsum_block_m",
                  "einsum_block_n", "mqa_block_s")
@@ -137,11 +164,12 @@ def _override(base: Tuning, spec: str, max_warps: int) -> Tuning:
     changes = {}
     for item in spec.split(","):
         name, _, value = (part.strip() for part in item.partition("="))
-        if name not in fields or not value.isdigit():
+        if name not in fields or not (value.isdigit() or name in _WORDS):
             raise ConfigError(f"DSV4OPS_TRITON_TUNING: bad entry {item!r}; expected name=integer with a name "
-                              f"from {sorted(fields)}")
-        why = _allowed(name, int(value), max_warps)
+                              f"from {sorted(fields)} (fp8_path=auto|soft|hw)")
+        typed = value if name in _WORDS else int(value)
+        why = _allowed(name, typed, max_warps)
         if why is not None:
             raise ConfigError(f"DSV4OPS_TRITON_TUNING: {name}={value} must be {why}")
-        changes[name] = int(value)
+        changes[name] = typed
     return dataclasses.replace(base, **changes)
