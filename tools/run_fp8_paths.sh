@@ -9,13 +9,13 @@
 #          path on sm89+) and once with the software path forced: OUTDIR/bench_fp8hw.json,
 #          OUTDIR/bench_fp8soft.json, and OUTDIR/fp8_path_ratios.txt / .json (per case: FP8-path time /
 #          software-path time, so 1.0 = as fast, 0.5 = twice as slow).
-# Installs this checkout as a wheel first (docs/gpu_install.sh; .whl/ may be empty: Triton only).
+# Installs this checkout as a wheel first (tools/gpu_install.sh; .whl/ may be empty: Triton only).
 set -uo pipefail
 out=${1:-/tmp/out}; mkdir -p "$out"; out=$(cd "$out" && pwd); repo=$PWD
 stages=" ${STAGES:-check bench} "
 has() { [[ "$stages" == *" $1 "* ]]; }
 shopt -s nullglob                       # .whl/ (vendor wheels) may be empty or absent: Triton only
-source "$repo/docs/gpu_install.sh"
+source "$repo/tools/gpu_install.sh"
 soft="fp8_path=soft"
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -m dsv4ops.cli info; } > "$out/info.txt" 2>&1
 DSV4OPS_TRITON_TUNING=$soft python3 -c "import dsv4ops, dsv4ops.conformance; print(dsv4ops.explain('fp8_einsum', \
