@@ -1,5 +1,6 @@
 """The Triton kernels compile for the GPUs they serve, checked on this CPU machine (see
 tests/compile_only.py: the interpreter that runs them in CI never invokes Triton's compiler)."""
+import concurrent.futures
 import os
 import re
 import subprocess
@@ -35,14 +36,24 @@ TARGETS = (*SOFTWARE_FP8, "cuda:sm89", "cuda:sm90", "cuda:sm120", "rocm:gfx942")
 DECLINED = {"cuda:sm75": {"sparse_mla_decode", "sparse_mla_prefill"}}    # bf16 tensor cores from sm80
 
 
+@pytest.fixture(scope="module")
+def compiled():
+    """Every target's compile-only run, started together on as many workers as there are cores (each
+    run is one CPU-bound process), awaited by the test of its target."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DSV4OPS_TRITON_TUNING")}
+    run = lambda target: subprocess.run([sys.executable, str(SCRIPT), target], capture_output=True, text=True,
+                                        env=env, timeout=2400)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        futures = {target: pool.submit(run, target) for target in TARGETS}
+        yield futures
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS)
-def test_every_kernel_compiles_for(target):
+def test_every_kernel_compiles_for(compiled, target):
     """Every kernel compiles, every op has compiled cases (no op only declined, but for what the
     platform cannot do), and each op runs the fp8 path its platform should."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DSV4OPS_TRITON_TUNING")}
-    run = subprocess.run([sys.executable, str(SCRIPT), target], capture_output=True, text=True, env=env,
-                         timeout=1200)
+    run = compiled[target].result()
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     line = next(l for l in run.stdout.splitlines() if l.startswith("compiled for"))
     served = set(OP_NAMES) - DECLINED.get(target, set())
