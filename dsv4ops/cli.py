@@ -125,7 +125,7 @@ def cmd_info(args) -> int:
     print()
     infos, rows = backends(), []
     for b in infos:
-        ops = textwrap.wrap("all nine" if len(b.ops) == len(OP_NAMES) else ", ".join(b.ops), 44) or ["-"]
+        ops = textwrap.wrap(f"all {len(OP_NAMES)}" if len(b.ops) == len(OP_NAMES) else ", ".join(b.ops), 44) or ["-"]
         rows += [(b.name, "yes" if b.available else "no", ",".join(b.platforms), ops[0])]
         rows += [("", "", "", more) for more in ops[1:]]
     print(render_table(("backend", "available", "platforms", "ops"), rows))
