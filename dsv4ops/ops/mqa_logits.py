@@ -107,9 +107,8 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     selection against the reference logits, allowing swaps of logits within their two error bounds."""
     c = Collector()
     kw = ref_kwargs
-    magnitude = lambda: _reference_logits(fp8_abs(kw["q"]), fp8_abs(kw["k"]), kw["k_scale"].abs(),
-                                             kw["weights"].abs(), kw["ks"], kw["ke"])
-    mag = indexer_logits_rule(c, ref_result, got_result, magnitude, kw["clean"], "columns outside [ks, ke)")
+    mag = indexer_logits_rule(c, ref_result, got_result, lambda: magnitude(kw), kw["clean"],
+                              "columns outside [ks, ke)")
     k = params.get("topk")
     if k and not c.failures:
         picked = registry.get_op("indexer_topk").function(got_result, k, row_starts=kw["ks"], row_ends=kw["ke"])
@@ -127,8 +126,11 @@ def unspecified(kw: dict):
     return (cols < kw["ks"].long()[:, None]) | (cols >= kw["ke"].long()[:, None])
 
 
-def _reference_logits(*args):
-    return registry.get_op("mqa_logits").function(*args, backend="reference")
+def magnitude(kw: dict) -> torch.Tensor:
+    """fp32 [T, S]: sum_h |w_h| sum_d |q_hd| |k_d| on [ks, ke) (the reference on the inputs'
+    magnitudes), the scale of the logits' error bound."""
+    return registry.get_op("mqa_logits").function(fp8_abs(kw["q"]), fp8_abs(kw["k"]), kw["k_scale"].abs(),
+                                                  kw["weights"].abs(), kw["ks"], kw["ke"], backend="reference")
 
 
 def cost(kw: dict) -> tuple[int, int]:

@@ -13,7 +13,7 @@ from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..sampling import change, set_args
 from ..shapes import INDEX_HEADS, INDEX_TOPK
-from ..tolerance import Collector, Verdict, fp8_abs, topk_selection
+from ..tolerance import Collector, Verdict, topk_selection
 from . import mqa_logits as logits_op
 
 INT32_MAX = 2 ** 31 - 1
@@ -76,10 +76,8 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     kw = ref_kwargs
     logits = registry.get_op("mqa_logits").function
     scores = logits(kw["q"], kw["k"], kw["k_scale"], kw["weights"], kw["ks"], kw["ke"], backend="reference")
-    magnitude = logits(fp8_abs(kw["q"]), fp8_abs(kw["k"]), kw["k_scale"].abs(), kw["weights"].abs(), kw["ks"],
-                       kw["ke"], backend="reference")
     topk_selection(c, scores, kw["topk"], kw["ks"].to(torch.int64), kw["ke"].to(torch.int64), got_result,
-                   1e-4 * magnitude, "indices")
+                   1e-4 * logits_op.magnitude(kw), "indices")
     return c.verdict()
 
 

@@ -122,11 +122,18 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     each 128-term dot product with limited precision, an error proportional to sum_d |q_d k_d|
     (docs/ops.md §3). clean=True: -inf exactly past the length."""
     c = Collector()
-    magnitude = lambda: registry.get_op("paged_mqa_logits").function(backend="reference", **{
-        **ref_kwargs, "q": fp8_abs(ref_kwargs["q"]), "kv_cache": abs_index_cache(ref_kwargs["kv_cache"]),
-        "weights": ref_kwargs["weights"].abs(), "out": None})
-    indexer_logits_rule(c, ref_result, got_result, magnitude, ref_kwargs["clean"], "columns past the length")
+    indexer_logits_rule(c, ref_result, got_result, lambda: magnitude(ref_kwargs), ref_kwargs["clean"],
+                        "columns past the length")
     return c.verdict()
+
+
+def magnitude(kw: dict) -> torch.Tensor:
+    """fp32 [B * next_n, max_context_len]: sum_h |w_h| sum_d |q_hd| |k_d| (the reference on the inputs'
+    magnitudes), the scale of the logits' error bound."""
+    return registry.get_op("paged_mqa_logits").function(
+        fp8_abs(kw["q"]),
+        abs_index_cache(kw["kv_cache"]), kw["weights"].abs(), kw["context_lens"], kw["block_table"],
+        kw["max_context_len"], backend="reference")
 
 
 def unspecified(kw: dict):

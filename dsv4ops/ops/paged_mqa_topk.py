@@ -14,7 +14,7 @@ from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..rows import decode_row_ends
 from ..sampling import change, set_args
 from ..shapes import C4_BLOCK, INDEX_HEADS, INDEX_TOPK
-from ..tolerance import Collector, Verdict, abs_index_cache, fp8_abs, topk_selection
+from ..tolerance import Collector, Verdict, topk_selection
 from . import paged_mqa_logits as logits_op
 
 INT32_MAX = 2 ** 31 - 1
@@ -80,10 +80,9 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     args = dict(q=kw["q"], kv_cache=kw["kv_cache"], weights=kw["weights"], context_lens=kw["context_lens"],
                 block_table=kw["block_table"], max_context_len=kw["max_context_len"])
     scores = logits(**args, backend="reference")
-    magnitude = logits(**dict(args, q=fp8_abs(kw["q"]), kv_cache=abs_index_cache(kw["kv_cache"]),
-                              weights=kw["weights"].abs()), backend="reference")
     ends = decode_row_ends(kw["context_lens"], kw["q"].shape[1])
-    topk_selection(c, scores, kw["topk"], torch.zeros_like(ends), ends, got_result, 1e-4 * magnitude, "indices")
+    topk_selection(c, scores, kw["topk"], torch.zeros_like(ends), ends, got_result, 1e-4 * logits_op.magnitude(kw),
+                   "indices")
     return c.verdict()
 
 
