@@ -7,6 +7,10 @@ KV cache layouts (``layout=``), docs/ops.md §1:
   then ``block_size`` scale rows of 8 B (7 UE8M0 bytes, one per 64-wide NoPE tile, then a 0 byte),
   then padding up to ``page_bytes = round_up(block_size * 584, 576)``.
   ``"fp8_ds_mla_fnuz"`` is the same with FNUZ e4m3 values (gfx942 writers).
+* ``"mxfp8_v41"`` / ``"mxfp8_v41_inline"`` (V4.1 main cache, 528 B: 512 e4m3 + 16 UE8M0 scales) and
+  ``"nvfp4_v41"`` / ``"nvfp4_v41_inline"`` (V4.1 compressed cache, 288 B: 256 e2m1 bytes + 32 e4m3
+  scales): uint8 ``[num_blocks, page_bytes]``, any ``page_bytes >= block_size * token_bytes``;
+  split pages (data rows, then scale rows) or inline (records back to back), docs/ops.md §6.6.
 * ``"bf16"``: bf16 ``[num_blocks, block_size, 512]``.
 * ``"fp8_per_tensor"``: float8_e4m3fn ``[num_blocks, block_size, 512]`` holding ``sat(k / kv_scale)``.
 
