@@ -607,6 +607,19 @@ def _record_flashmla(monkeypatch):
     return fake_flashmla.CALLED, calls
 
 
+def _record_flashmla_v41(monkeypatch):
+    """The V4.1 decode calls (split pages, each extra layout; SM100), against the 0924 fake."""
+    from fakes import flashmla as fake_flashmla
+
+    from dsv4ops.backends.flashmla.decode import sparse_mla_decode
+    calls = []
+    fake_flashmla.install(monkeypatch, wrap=_recording(calls), v41=True)
+    with reprobed(monkeypatch, "flashmla"), dsv4ops.simulate_platform("cuda", "sm100"):
+        for extra in ("nvfp4_v41", "mxfp8_v41", None):
+            sparse_mla_decode(v41_decode_args(extra_layout=extra))
+    return {p: f for p, f in fake_flashmla.CALLED.items() if p != "flash_mla:flash_mla_sparse_fwd"}, calls
+
+
 def _record_deepgemm(monkeypatch, generation):
     from fakes import deep_gemm as fake_deep_gemm
     calls = []
@@ -619,6 +632,7 @@ def _record_deepgemm(monkeypatch, generation):
 
 
 RECORDERS = {"aiter": _record_aiter, "flashinfer": _record_flashinfer, "flashmla": _record_flashmla,
+             "flashmla-v41": _record_flashmla_v41,
              **{f"deepgemm-{g}": functools.partial(_record_deepgemm, generation=g) for g in DEEPGEMM_GENERATIONS}}
 
 
