@@ -189,13 +189,17 @@ def test_flashmla_api_generation():
 
 
 @pytest.mark.parametrize("extra", ["nvfp4_v41", "mxfp8_v41", None])
-@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("padded", [False, True, "strided"])
 def test_flashmla_v41_decode_contract(flashmla_v41, extra, padded):
     """Argument mapping on V4.1 caches (padded and unpadded pages): each cache viewed as [nb, bs, 1, 528 /
     288] over its own bytes with its page pitch, indices [T, 1, k] and lengths [T] int32, heads and sink
     padded to 64, out [T, H, 512] bf16 and lse [T, H] from FlashMLA's [T, 1, Hp, 512] / [T, Hp, 1]."""
     from dsv4ops.backends.flashmla.decode import sparse_mla_decode
-    a = v41_decode_args(extra_layout=extra, padded=padded)
+    a = v41_decode_args(extra_layout=extra, padded=padded is True)
+    if padded == "strided":     # unpadded pages inside a wider allocation: the pitch is stride(0), not shape[1]
+        wide = torch.zeros(a.kv_cache.shape[0], a.kv_cache.shape[1] + 512, dtype=torch.uint8)
+        wide[:, : a.kv_cache.shape[1]] = a.kv_cache
+        a = a._replace(kv_cache=wide[:, : a.kv_cache.shape[1]])
     assert _v41_decline(a, "sm100") is None
     with dsv4ops.simulate_platform("cuda", "sm100"):
         out, lse = sparse_mla_decode(a)
