@@ -15,12 +15,19 @@ from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
 from dsv4ops.vendor_wheels import install_hint
 
-BACKEND = register_backend(Backend(
-    "flashmla", ("cuda",),
-    probe=import_probe("flash_mla", f"tokenspeed-flashmla, {install_hint(('tokenspeed-flashmla',))}",
-                       needs=("flash_mla_with_kvcache",)),
-    description="FlashMLA sparse decode and prefill (SM90/SM100)",
-))
+_DESCRIPTION = "FlashMLA sparse decode and prefill (SM90/SM100; V4.1 caches: SM100)"
+_import = import_probe("flash_mla", f"tokenspeed-flashmla, {install_hint(('tokenspeed-flashmla',))}",
+                       needs=("flash_mla_with_kvcache",))
+
+
+def _probe() -> str | None:
+    """The import probe; the installed API generation is shown in the description."""
+    reason = _import()
+    BACKEND.description = _DESCRIPTION + ("" if reason else f"; installed: API {api()}")
+    return reason
+
+
+BACKEND = register_backend(Backend("flashmla", ("cuda",), probe=_probe, description=_DESCRIPTION))
 
 
 def topk_multiple(plat: Platform, call) -> str | None:
