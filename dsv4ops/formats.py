@@ -21,7 +21,10 @@ from typing import ClassVar
 
 import torch
 
-from .quant import FP8_DTYPE, FP8_MAX, as_float, pack_ue8m0_scales, to_fp8, ue8m0_scale, ue8m0_to_float
+from .quant import (
+    FP8_DTYPE, FP8_MAX, MX_BLOCK, NV_BLOCK, as_float, decode_mxfp8, decode_nvfp4, encode_mxfp8, encode_nvfp4,
+    pack_ue8m0_scales, to_fp8, ue8m0_scale, ue8m0_to_float,
+)
 
 HEAD_DIM = 512
 NOPE_DIM = 448
@@ -33,6 +36,13 @@ DS_MLA_SCALE_BYTES = 8                  # 7 scales + 1 zero pad byte
 DS_MLA_TOKEN_BYTES = DS_MLA_DATA_BYTES + DS_MLA_SCALE_BYTES   # 584
 DS_MLA_PAGE_ALIGN = 576
 AMAX_FLOOR = 1e-4                       # vLLM writer rule (docs/ops.md §6)
+
+MXFP8_DATA_BYTES, MXFP8_SCALE_BYTES = HEAD_DIM, HEAD_DIM // MX_BLOCK          # 512 + 16
+MXFP8_TOKEN_BYTES = MXFP8_DATA_BYTES + MXFP8_SCALE_BYTES                      # 528
+MXFP8_PAGE_ALIGN = 512
+NVFP4_DATA_BYTES, NVFP4_SCALE_BYTES = HEAD_DIM // 2, HEAD_DIM // NV_BLOCK       # 256 + 32
+NVFP4_TOKEN_BYTES = NVFP4_DATA_BYTES + NVFP4_SCALE_BYTES                      # 288
+NVFP4_PAGE_ALIGN = 256
 
 INDEX_DIM = 128
 INDEX_TOKEN_BYTES = INDEX_DIM + 4       # 132
@@ -51,11 +61,18 @@ class Layout:
     query_dtype: torch.dtype
     fp8_flavour: str | None
     token_bytes: int
+    data_bytes: int = 0          # value bytes per token record (V4.1: 512 / 256)
+    scale_bytes: int = 0         # scale bytes per token record (V4.1: 16 / 32)
+    scale_block: int = 0         # values per scale byte (V4.1: 32 / 16)
+    inline: bool = False         # False: split pages (data rows, then scale rows); True: records back to back
+    page_align: int = 0          # default page padding (allocate_kv_cache); 0: none
 
     DS_MLA: ClassVar[int] = 0
     BF16: ClassVar[int] = 1
     FP8_PER_TENSOR: ClassVar[int] = 2
     INDEX_FP8: ClassVar[int] = 3          # the indexer key cache: 128 fp8 + an fp32 scale per token
+    MXFP8: ClassVar[int] = 4              # V4.1: 512 e4m3 + 16 UE8M0 scales (528 B)
+    NVFP4: ClassVar[int] = 5              # V4.1: 512 e2m1 (256 B) + 32 e4m3 scales (288 B)
 
     @property
     def head_dim(self) -> int:
@@ -67,18 +84,34 @@ class Layout:
         return self.kind == Layout.DS_MLA
 
     @property
+    def is_v41(self) -> bool:
+        """A DeepSeek-V4.1 block-scaled record (mxfp8_v41*, nvfp4_v41*), docs/ops.md §6."""
+        return self.kind in (Layout.MXFP8, Layout.NVFP4)
+
+    @property
+    def is_paged_bytes(self) -> bool:
+        """The cache is uint8 ``[num_blocks, page_bytes]`` of token records (fp8_ds_mla, V4.1)."""
+        return self.is_ds_mla or self.is_v41
+
+    @property
     def has_tensor_scale(self) -> bool:
         """Values are ``k / kv_scale`` (fp8_per_tensor): the call's scales apply."""
         return self.kind == Layout.FP8_PER_TENSOR
 
     def page_bytes(self, block_size: int) -> int:
-        """Bytes per page: ``round_up(block_size * 584, 576)`` for fp8_ds_mla, else block_size * token_bytes."""
-        raw = block_size * self.token_bytes
-        return -(-raw // DS_MLA_PAGE_ALIGN) * DS_MLA_PAGE_ALIGN if self.is_ds_mla else raw
+        """Default bytes per page: ``block_size * token_bytes`` rounded up to ``page_align``
+        (fp8_ds_mla: ``round_up(block_size * 584, 576)``). V4.1 caches accept any page width
+        ``>= min_page_bytes(block_size)``."""
+        raw = self.min_page_bytes(block_size)
+        return -(-raw // self.page_align) * self.page_align if self.page_align else raw
 
-    def cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        if self.is_ds_mla:
-            return (num_blocks, self.page_bytes(block_size))
+    def min_page_bytes(self, block_size: int) -> int:
+        """``block_size * token_bytes``: the bytes a page's records occupy."""
+        return block_size * self.token_bytes
+
+    def cache_shape(self, num_blocks: int, block_size: int, page_bytes: int | None = None) -> tuple[int, ...]:
+        if self.is_paged_bytes:
+            return (num_blocks, self.page_bytes(block_size) if page_bytes is None else page_bytes)
         if self.kind == Layout.INDEX_FP8:
             return (num_blocks, block_size, 1, self.token_bytes)
         return (num_blocks, block_size, HEAD_DIM)
@@ -97,16 +130,29 @@ class Layout:
         return self.name
 
 
+_DS_MLA_RECORD = dict(data_bytes=DS_MLA_DATA_BYTES, scale_bytes=DS_MLA_SCALE_BYTES, scale_block=TILE,
+                      page_align=DS_MLA_PAGE_ALIGN)
+_MXFP8_RECORD = dict(data_bytes=MXFP8_DATA_BYTES, scale_bytes=MXFP8_SCALE_BYTES, scale_block=MX_BLOCK,
+                     page_align=MXFP8_PAGE_ALIGN)
+_NVFP4_RECORD = dict(data_bytes=NVFP4_DATA_BYTES, scale_bytes=NVFP4_SCALE_BYTES, scale_block=NV_BLOCK,
+                     page_align=NVFP4_PAGE_ALIGN)
+_V41 = (torch.uint8, torch.bfloat16, "ocp")
 LAYOUTS = {layout.name: layout for layout in (
-    Layout("fp8_ds_mla", Layout.DS_MLA, torch.uint8, torch.bfloat16, "ocp", DS_MLA_TOKEN_BYTES),
-    Layout("fp8_ds_mla_fnuz", Layout.DS_MLA, torch.uint8, torch.bfloat16, "fnuz", DS_MLA_TOKEN_BYTES),
+    Layout("fp8_ds_mla", Layout.DS_MLA, torch.uint8, torch.bfloat16, "ocp", DS_MLA_TOKEN_BYTES, **_DS_MLA_RECORD),
+    Layout("fp8_ds_mla_fnuz", Layout.DS_MLA, torch.uint8, torch.bfloat16, "fnuz", DS_MLA_TOKEN_BYTES,
+           **_DS_MLA_RECORD),
     Layout("bf16", Layout.BF16, torch.bfloat16, torch.bfloat16, None, HEAD_DIM * 2),
     Layout("fp8_per_tensor", Layout.FP8_PER_TENSOR, torch.float8_e4m3fn, torch.float8_e4m3fn, "ocp", HEAD_DIM),
+    Layout("mxfp8_v41", Layout.MXFP8, *_V41, MXFP8_TOKEN_BYTES, **_MXFP8_RECORD),
+    Layout("mxfp8_v41_inline", Layout.MXFP8, *_V41, MXFP8_TOKEN_BYTES, inline=True, **_MXFP8_RECORD),
+    Layout("nvfp4_v41", Layout.NVFP4, *_V41, NVFP4_TOKEN_BYTES, **_NVFP4_RECORD),
+    Layout("nvfp4_v41_inline", Layout.NVFP4, *_V41, NVFP4_TOKEN_BYTES, inline=True, **_NVFP4_RECORD),
 )}
 # The indexer key cache (docs/ops.md §3): written by compress_kv_insert, read by paged_mqa_logits.
 INDEX_FP8 = Layout("index_fp8", Layout.INDEX_FP8, torch.uint8, torch.float8_e4m3fn, "ocp", INDEX_TOKEN_BYTES)
 # What the compressor writes: the C4 / C128 attention entries, or C4's indexer keys.
-COMPRESSED_LAYOUTS = {"fp8_ds_mla": LAYOUTS["fp8_ds_mla"], "index_fp8": INDEX_FP8}
+COMPRESSED_LAYOUTS = {"fp8_ds_mla": LAYOUTS["fp8_ds_mla"], "index_fp8": INDEX_FP8,
+                      **{name: LAYOUTS[name] for name in ("nvfp4_v41", "nvfp4_v41_inline")}}
 COMPRESSION_RATIOS = (4, 128)                   # C4 (overlapping windows) and C128 (docs/ops.md §9)
 
 
@@ -122,26 +168,46 @@ def ds_mla_page_bytes(block_size: int) -> int:
     return LAYOUTS["fp8_ds_mla"].page_bytes(block_size)
 
 
-def kv_cache_spec(num_blocks: int, block_size: int, layout) -> tuple[tuple[int, ...], torch.dtype]:
-    """(shape, dtype) of a KV cache in ``layout``."""
+def kv_cache_spec(num_blocks: int, block_size: int, layout, page_bytes: int | None = None
+                  ) -> tuple[tuple[int, ...], torch.dtype]:
+    """(shape, dtype) of a KV cache in ``layout``; ``page_bytes`` (byte-paged layouts only, default
+    ``layout.page_bytes(block_size)``) must be ``>= block_size * token_bytes``."""
     layout = Layout.of(layout)
-    return layout.cache_shape(num_blocks, block_size), layout.cache_dtype
+    if page_bytes is not None:
+        if not layout.is_paged_bytes:
+            raise ValueError(f"page_bytes applies to byte-paged layouts only, not {layout}")
+        if page_bytes < layout.min_page_bytes(block_size):
+            raise ValueError(f"page_bytes must be >= block_size * {layout.token_bytes} = "
+                             f"{layout.min_page_bytes(block_size)} for {layout}, got {page_bytes}")
+    return layout.cache_shape(num_blocks, block_size, page_bytes), layout.cache_dtype
 
 
-def allocate_kv_cache(num_blocks: int, block_size: int, layout: str, device="cpu") -> torch.Tensor:
+def allocate_kv_cache(num_blocks: int, block_size: int, layout: str, device="cpu",
+                      page_bytes: int | None = None) -> torch.Tensor:
     """A zero-filled KV cache of ``num_blocks`` pages of ``block_size`` tokens in ``layout``."""
-    shape, dtype = kv_cache_spec(num_blocks, block_size, layout)
+    shape, dtype = kv_cache_spec(num_blocks, block_size, layout, page_bytes)
     return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def record_views(cache: torch.Tensor, layout, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The value bytes ``[num_blocks, block_size, data_bytes]`` and scale bytes
+    ``[num_blocks, block_size, scale_bytes]`` of a byte-paged cache (fp8_ds_mla, V4.1; split or
+    inline pages, any page pitch ``cache.stride(0)``), as views sharing its storage."""
+    layout = Layout.of(layout)
+    nb, data_bytes, scale_bytes = cache.shape[0], layout.data_bytes, layout.scale_bytes
+    if layout.inline:
+        records = cache[:, :layout.min_page_bytes(block_size)].view(nb, block_size, layout.token_bytes)
+        return records[..., :data_bytes], records[..., data_bytes:]
+    data_end = block_size * data_bytes
+    data = cache[:, :data_end].view(nb, block_size, data_bytes)
+    scales = cache[:, data_end:data_end + block_size * scale_bytes].view(nb, block_size, scale_bytes)
+    return data, scales
 
 
 def ds_mla_views(cache: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The data rows ``[num_blocks, block_size, 576]`` and scale rows ``[num_blocks, block_size, 8]``
     of an fp8_ds_mla cache, as views sharing its storage."""
-    nb = cache.shape[0]
-    data_end = block_size * DS_MLA_DATA_BYTES
-    data = cache[:, :data_end].view(nb, block_size, DS_MLA_DATA_BYTES)
-    scales = cache[:, data_end:data_end + block_size * DS_MLA_SCALE_BYTES].view(nb, block_size, DS_MLA_SCALE_BYTES)
-    return data, scales
+    return record_views(cache, LAYOUTS["fp8_ds_mla"], block_size)
 
 
 def encode_ds_mla(rows: torch.Tensor, flavour: str = "ocp") -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,6 +237,27 @@ def decode_ds_mla(data: torch.Tensor, scales: torch.Tensor, flavour: str = "ocp"
     return torch.cat([nope, rope], dim=-1)
 
 
+def encode_records(rows: torch.Tensor, layout) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows ``[N, 512]`` -> (value bytes ``[N, data_bytes]``, scale bytes ``[N, scale_bytes]``) of a
+    byte-paged ``layout``."""
+    layout = Layout.of(layout)
+    if layout.kind == Layout.MXFP8:
+        return encode_mxfp8(rows)
+    if layout.kind == Layout.NVFP4:
+        return encode_nvfp4(rows)
+    return encode_ds_mla(rows, layout.fp8_flavour)
+
+
+def decode_records(data: torch.Tensor, scales: torch.Tensor, layout) -> torch.Tensor:
+    """(value bytes ``[..., data_bytes]``, scale bytes ``[..., scale_bytes]``) -> fp32 ``[..., 512]``."""
+    layout = Layout.of(layout)
+    if layout.kind == Layout.MXFP8:
+        return decode_mxfp8(data, scales)
+    if layout.kind == Layout.NVFP4:
+        return decode_nvfp4(data, scales)
+    return decode_ds_mla(data, scales, layout.fp8_flavour)
+
+
 def write_kv(cache: torch.Tensor, layout: str, block_size: int, slots: torch.Tensor,
              rows: torch.Tensor, kv_scale=1.0) -> None:
     """Write rows ``[N, 512]`` (fp32 or bf16 values) at ``slots`` (int64 ``[N]``; ``< 0`` skipped)."""
@@ -178,9 +265,9 @@ def write_kv(cache: torch.Tensor, layout: str, block_size: int, slots: torch.Ten
     keep = slots >= 0
     slots, rows = slots[keep], rows[keep]
     block, offset = slots // block_size, slots % block_size
-    if layout.is_ds_mla:
-        data, scales = encode_ds_mla(rows, layout.fp8_flavour)
-        data_view, scale_view = ds_mla_views(cache, block_size)
+    if layout.is_paged_bytes:
+        data, scales = encode_records(rows, layout)
+        data_view, scale_view = record_views(cache, layout, block_size)
         data_view[block, offset] = data
         scale_view[block, offset] = scales
     elif layout.has_tensor_scale:
@@ -195,19 +282,20 @@ def read_kv(cache: torch.Tensor, layout: str, block_size: int, slots: torch.Tens
     layout = Layout.of(layout)
     slots = slots.to(torch.int64)
     block, offset = slots // block_size, slots % block_size
-    if layout.is_ds_mla:
-        data_view, scale_view = ds_mla_views(cache, block_size)
-        return decode_ds_mla(data_view[block, offset], scale_view[block, offset], layout.fp8_flavour)
+    if layout.is_paged_bytes:
+        data_view, scale_view = record_views(cache, layout, block_size)
+        return decode_records(data_view[block, offset], scale_view[block, offset], layout)
     if layout.has_tensor_scale:
         return cache[block, offset].to(torch.float32) * as_float(kv_scale)
     return cache[block, offset].to(torch.float32)
 
 
-def pack_kv(rows: torch.Tensor, layout: str, block_size: int, kv_scale=1.0) -> torch.Tensor:
+def pack_kv(rows: torch.Tensor, layout: str, block_size: int, kv_scale=1.0,
+            page_bytes: int | None = None) -> torch.Tensor:
     """Rows ``[num_blocks * block_size, 512]`` in slot order -> a new cache in ``layout``."""
     if rows.dim() != 2 or rows.shape[1] != HEAD_DIM or rows.shape[0] % block_size:
         raise ValueError(f"pack_kv: rows must be [num_blocks * {block_size}, {HEAD_DIM}], got {list(rows.shape)}")
-    cache = allocate_kv_cache(rows.shape[0] // block_size, block_size, layout, rows.device)
+    cache = allocate_kv_cache(rows.shape[0] // block_size, block_size, layout, rows.device, page_bytes)
     slots = torch.arange(rows.shape[0], device=rows.device)
     write_kv(cache, layout, block_size, slots, rows, kv_scale)
     return cache
@@ -217,6 +305,39 @@ def unpack_kv(cache: torch.Tensor, layout: str, block_size: int, kv_scale=1.0) -
     """A cache in ``layout`` -> fp32 rows ``[num_blocks * block_size, 512]`` in slot order."""
     slots = torch.arange(cache.shape[0] * block_size, device=cache.device)
     return read_kv(cache, layout, block_size, slots, kv_scale)
+
+
+def convert_kv_cache(cache: torch.Tensor, src_layout, dst_layout, block_size: int,
+                     page_bytes: int | None = None) -> torch.Tensor:
+    """A new cache holding ``cache``'s tokens in ``dst_layout`` (PD-disaggregation handoff), pages of
+    ``page_bytes`` (default ``dst_layout.page_bytes(block_size)``); padding bytes are zero.
+
+    Lossless between layouts of one record kind (split <-> inline, any page widths): the record
+    bytes are copied. ``fp8_ds_mla`` <-> ``mxfp8_v41*`` requantizes (lossy, docs/ops.md §6): the
+    rows are decoded to fp32 and encoded with the destination codec.
+    """
+    src, dst = Layout.of(src_layout), Layout.of(dst_layout)
+    same_kind = src.kind == dst.kind and src.fp8_flavour == dst.fp8_flavour
+    requant = {src.kind, dst.kind} == {Layout.DS_MLA, Layout.MXFP8} and "fnuz" not in (src.fp8_flavour,
+                                                                                      dst.fp8_flavour)
+    if not (src.is_paged_bytes and dst.is_paged_bytes and (same_kind or requant)):
+        raise ValueError(f"convert_kv_cache: no conversion from {src} to {dst}; supported: between layouts "
+                         f"of one record kind, and between fp8_ds_mla and mxfp8_v41*")
+    if cache.dtype != torch.uint8 or cache.dim() != 2 or cache.shape[1] < src.min_page_bytes(block_size):
+        raise ValueError(f"convert_kv_cache: cache must be uint8 [num_blocks, >= {src.min_page_bytes(block_size)}] "
+                         f"for {src} with block_size {block_size}, got {cache.dtype} {list(cache.shape)}")
+    out = allocate_kv_cache(cache.shape[0], block_size, dst, cache.device, page_bytes)
+    data, scales = record_views(cache, src, block_size)
+    out_data, out_scales = record_views(out, dst, block_size)
+    if same_kind:
+        out_data.copy_(data)
+        out_scales.copy_(scales)
+    else:
+        rows = decode_records(data, scales, src).reshape(-1, HEAD_DIM)
+        new_data, new_scales = encode_records(rows, dst)
+        out_data.copy_(new_data.view(out_data.shape))
+        out_scales.copy_(new_scales.view(out_scales.shape))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,7 +414,8 @@ def to_global_indices(local: torch.Tensor, block_table: torch.Tensor, token_to_r
 __all__ = [
     "LAYOUTS", "HEAD_DIM", "NOPE_DIM", "ROPE_DIM", "INDEX_DIM", "INDEX_TOKEN_BYTES",
     "DS_MLA_TOKEN_BYTES", "ds_mla_page_bytes", "kv_cache_spec", "allocate_kv_cache",
-    "ds_mla_views", "encode_ds_mla", "decode_ds_mla", "write_kv", "read_kv", "pack_kv", "unpack_kv",
+    "ds_mla_views", "record_views", "encode_ds_mla", "decode_ds_mla", "encode_records", "decode_records",
+    "convert_kv_cache", "write_kv", "read_kv", "pack_kv", "unpack_kv",
     "pack_index_keys", "unpack_index_keys", "index_key_views", "to_global_indices",
     "Layout", "pack_ue8m0_scales",
 ]

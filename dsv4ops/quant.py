@@ -67,3 +67,90 @@ def pack_ue8m0_scales(scales: torch.Tensor) -> torch.Tensor:
     byte = byte.reshape(*byte.shape[:-1], -1, 4).to(torch.int64)
     words = (byte << torch.tensor([0, 8, 16, 24], device=byte.device)).sum(-1)
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSeek-V4.1 token records (docs/ops.md §6): the bit-exact truth for every writer.
+
+V41_DIM = 512
+MX_BLOCK = 32                           # MXFP8: values per UE8M0 scale
+MX_QUOTIENT_FLOOR = 1e-4                # MXFP8: floor on amax / 448 (FlashMLA tests/quant.py, vLLM)
+NV_BLOCK = 16                           # NVFP4: values per e4m3 scale
+E2M1_MAX = 6.0
+E4M3_MIN_SUBNORMAL = 2.0 ** -9
+E4M3_NAN_BYTE = 0x7F
+# e2m1 magnitude of each 3-bit code, and the boundaries between neighbours: a magnitude past a
+# "strict" boundary rounds up, one equal to it rounds to the even code (RNE).
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_E2M1_UP_IF_GREATER = (0.25, 1.25, 2.5, 5.0)      # the tie goes down (to an even code)
+_E2M1_UP_IF_AT_LEAST = (0.75, 1.75, 3.5)          # the tie goes up (to an even code)
+
+
+def _blocks(rows: torch.Tensor, block: int, what: str) -> torch.Tensor:
+    if rows.dim() != 2 or rows.shape[1] != V41_DIM:
+        raise ValueError(f"{what}: rows must be [N, {V41_DIM}], got {list(rows.shape)}")
+    return rows.to(torch.float32).reshape(rows.shape[0], V41_DIM // block, block)
+
+
+def encode_mxfp8(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 rows ``[N, 512]`` -> (e4m3 values uint8 ``[N, 512]``, UE8M0 scales uint8 ``[N, 16]``).
+
+    Per 32 consecutive values: ``e = ceil(log2(max(amax / 448, 1e-4)))`` (fp32 quotient),
+    byte ``e + 127``, values ``sat_e4m3(x / 2**e)`` RNE. A NaN in a block makes its byte 255
+    (UE8M0 NaN) and its values NaN; an infinity makes its byte 255 too.
+    """
+    blocks = _blocks(rows, MX_BLOCK, "encode_mxfp8")
+    quotient = (blocks.abs().amax(-1) / FP8_MAX["ocp"]).clamp_min(MX_QUOTIENT_FLOOR)
+    byte = (ceil_log2(quotient) + 127).clamp(0, 255).to(torch.uint8)
+    values = to_fp8(blocks / ue8m0_to_float(byte).unsqueeze(-1))
+    return values.reshape(rows.shape[0], V41_DIM).view(torch.uint8), byte
+
+
+def decode_mxfp8(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(uint8 values ``[..., 512]``, UE8M0 bytes ``[..., 16]``) -> fp32 ``[..., 512]``."""
+    lead = values.shape[:-1]
+    v = values.contiguous().view(torch.float8_e4m3fn).to(torch.float32).reshape(*lead, -1, MX_BLOCK)
+    return (v * ue8m0_to_float(scales).unsqueeze(-1)).reshape(*lead, V41_DIM)
+
+
+def e2m1_code(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> 4-bit e2m1 codes (uint8): RNE, saturating at ±6, sign bit kept for -0 and for
+    negatives that round to 0; NaN -> 0."""
+    m = torch.nan_to_num(x.abs(), nan=0.0)
+    code = sum((m > b).to(torch.uint8) for b in _E2M1_UP_IF_GREATER)
+    code = code + sum((m >= b).to(torch.uint8) for b in _E2M1_UP_IF_AT_LEAST)
+    sign = (torch.signbit(x) & ~torch.isnan(x)).to(torch.uint8) << 3
+    return code | sign
+
+
+def e2m1_value(code: torch.Tensor) -> torch.Tensor:
+    """4-bit e2m1 codes (uint8) -> fp32."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=code.device)
+    mag = table[(code & 7).to(torch.int64)]
+    return torch.where((code & 8) != 0, -mag, mag)
+
+
+def encode_nvfp4(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 rows ``[N, 512]`` -> (packed e2m1 uint8 ``[N, 256]``, e4m3 scales uint8 ``[N, 32]``).
+
+    Per 16 consecutive values: scale ``e4m3_RNE(clamp(amax / 6, 2**-9, 448))``, values
+    ``e2m1_RNE(x / scale)`` (fp32 division by the decoded scale) saturating at ±6; value ``2i`` in
+    the low nibble of byte ``i``, ``2i + 1`` in the high one. A NaN in a block makes its scale byte
+    0x7F (e4m3 NaN) and its nibbles 0.
+    """
+    blocks = _blocks(rows, NV_BLOCK, "encode_nvfp4")
+    amax = blocks.abs().amax(-1)
+    nan_block = torch.isnan(amax)
+    scale = (amax / E2M1_MAX).clamp(E4M3_MIN_SUBNORMAL, FP8_MAX["ocp"]).to(torch.float8_e4m3fn)
+    byte = torch.where(nan_block, E4M3_NAN_BYTE, scale.view(torch.uint8))
+    codes = e2m1_code(blocks / scale.to(torch.float32).unsqueeze(-1))
+    codes = torch.where(nan_block.unsqueeze(-1), 0, codes).to(torch.uint8).reshape(rows.shape[0], V41_DIM)
+    return codes[:, 0::2] | (codes[:, 1::2] << 4), byte
+
+
+def decode_nvfp4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(packed e2m1 uint8 ``[..., 256]``, e4m3 scale bytes ``[..., 32]``) -> fp32 ``[..., 512]``."""
+    lead = packed.shape[:-1]
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(*lead, -1, NV_BLOCK)
+    scale = scales.contiguous().view(torch.float8_e4m3fn).to(torch.float32)
+    return (e2m1_value(codes) * scale.unsqueeze(-1)).reshape(*lead, V41_DIM)
