@@ -7,7 +7,6 @@ import functools
 import importlib
 import inspect
 import sys
-import types
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from fakes import flashinfer as fake_flashinfer
 from fakes import reprobed
 
 import dsv4ops
+from dsv4ops import formats
 from dsv4ops.backend_support import declared_signature
 from dsv4ops.conformance import cases, run_case
 from dsv4ops.conformance.cases import make_case
@@ -126,10 +126,7 @@ def test_flashmla_sm100_topk_tiles():
 
 
 # FlashMLA on the V4.1 records (tokenspeed-flashmla 1.0.0.post20260924): contract-tested only (no SM100 here).
-# The layouts as pinned for V4.1 (docs/ops.md): name -> (token_bytes, inline, page_align).
-V41_LAYOUTS = {name: types.SimpleNamespace(name=name, token_bytes=tb, inline=inline, page_align=align)
-               for name, tb, inline, align in (("mxfp8_v41", 528, False, 512), ("mxfp8_v41_inline", 528, True, 512),
-                                               ("nvfp4_v41", 288, False, 256), ("nvfp4_v41_inline", 288, True, 256))}
+V41_LAYOUTS = {name: layout for name, layout in formats.LAYOUTS.items() if layout.is_v41}
 _DecodeArgs = collections.namedtuple("_DecodeArgs", "q kv_cache indices topk_lens attn_sink layout block_size "
                                      "extra_kv_cache extra_indices extra_topk_lens extra_block_size extra_layout "
                                      "softmax_scale need_lse out")

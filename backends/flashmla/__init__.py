@@ -10,6 +10,7 @@ import importlib.metadata
 import inspect
 
 from dsv4ops import workspace
+from dsv4ops.formats import Layout
 from dsv4ops.backend_support import all_of, arch_in, declared_signature, import_probe, layout_in
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
@@ -81,7 +82,6 @@ def sparse_fwd_available(plat: Platform, call) -> str | None:
 #                ``enable_batch_invariant``): 528 / 288 B inline pages (each token's scales right after
 #                its data), V4 records and SM90 dropped.
 V41_PAGES = {"v41": False, "v41-inline": True}      # generation -> whether its V4.1 pages are inline
-V41_MAIN = ("mxfp8_v41", "mxfp8_v41_inline")
 V41_ARCHS = ("sm100", "sm103")
 
 
@@ -139,8 +139,8 @@ def v41_records(plat: Platform, call) -> str | None:
 
 
 def decode_records(plat: Platform, call) -> str | None:
-    """V4.1 main caches go to ``v41_records``, the others to ``v4_records``."""
-    return (v41_records if call.layout.name in V41_MAIN else v4_records)(plat, call)
+    """V4.1 main caches (MXFP8 records) go to ``v41_records``, the others to ``v4_records``."""
+    return (v41_records if call.layout.kind == Layout.MXFP8 else v4_records)(plat, call)
 
 
 BACKEND.implements(
