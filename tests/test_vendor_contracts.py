@@ -192,11 +192,7 @@ def test_flashmla_v41_decode_contract(flashmla_v41, extra, padded):
     288] over its own bytes with its page pitch, indices [T, 1, k] and lengths [T] int32, heads and sink
     padded to 64, out [T, H, 512] bf16 and lse [T, H] from FlashMLA's [T, 1, Hp, 512] / [T, Hp, 1]."""
     from dsv4ops.backends.flashmla.decode import sparse_mla_decode
-    a = v41_decode_args(extra_layout=extra, padded=padded is True)
-    if padded == "strided":     # unpadded pages inside a wider allocation: the pitch is stride(0), not shape[1]
-        wide = torch.zeros(a.kv_cache.shape[0], a.kv_cache.shape[1] + 512, dtype=torch.uint8)
-        wide[:, : a.kv_cache.shape[1]] = a.kv_cache
-        a = a._replace(kv_cache=wide[:, : a.kv_cache.shape[1]])
+    a = _v41_pitched(extra, padded)
     assert _v41_decline(a, "sm100") is None
     with dsv4ops.simulate_platform("cuda", "sm100"):
         out, lse = sparse_mla_decode(a)
@@ -218,6 +214,46 @@ def test_flashmla_v41_decode_contract(flashmla_v41, extra, padded):
         assert torch.equal(kw["extra_indices_in_kvcache"][:, 0], a.extra_indices)
         assert torch.equal(kw["extra_topk_length"], a.extra_topk_lens)
     assert kw["softmax_scale"] == a.softmax_scale and kw["is_fp8_kvcache"] and not kw["causal"]
+
+
+def _v41_pitched(extra, padded):
+    """v41_decode_args with unpadded, padded or ("strided") unpadded pages inside a wider allocation,
+    whose pitch is stride(0), not shape[1]."""
+    a = v41_decode_args(extra_layout=extra, padded=padded is True)
+    if padded == "strided":
+        wide = torch.zeros(a.kv_cache.shape[0], a.kv_cache.shape[1] + 512, dtype=torch.uint8)
+        wide[:, : a.kv_cache.shape[1]] = a.kv_cache
+        a = a._replace(kv_cache=wide[:, : a.kv_cache.shape[1]])
+    return a
+
+
+@pytest.mark.parametrize("extra", ["nvfp4_v41", "mxfp8_v41", None])
+@pytest.mark.parametrize("padded", [False, True, "strided"])
+def test_flashmla_v41_decode_values(flashmla_v41, extra, padded):
+    """On real records the adapter returns attention over what ``formats.read_kv`` (an independent reader of
+    split pages of any pitch) decodes at the selected slots: -1 entries, lengths, a lonely row, the sink."""
+    from fakes.flashinfer import _attend
+
+    from dsv4ops.backends.flashmla.decode import sparse_mla_decode
+    a = _v41_pitched(extra, padded)
+    g = torch.Generator().manual_seed(1)
+    segments = [(a.kv_cache, a.layout, a.block_size, a.indices, a.topk_lens)]
+    if extra:
+        segments.append((a.extra_kv_cache, a.extra_layout, a.extra_block_size, a.extra_indices, a.extra_topk_lens))
+    keys, valid = [], []
+    for cache, layout, bs, idx, lens in segments:
+        slots = torch.arange(cache.shape[0] * bs)
+        formats.write_kv(cache, layout, bs, slots, torch.randn(len(slots), 512, generator=g) * 3)
+        lens[0] = 0                                       # row 0 selects nothing
+        ok = (idx >= 0) & (torch.arange(idx.shape[1])[None, :] < lens[:, None])
+        keys.append(formats.read_kv(cache, layout, bs, torch.where(ok, idx, 0)))
+        valid.append(ok)
+    expected, lse_expected = _attend(a.q.float(), torch.cat(keys, 1), torch.cat(valid, 1), a.softmax_scale, a.attn_sink)
+    with dsv4ops.simulate_platform("cuda", "sm100"):
+        out, lse = sparse_mla_decode(a)
+    torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
+    assert not out[0].any() and (lse[0] == float("inf")).all()
+    torch.testing.assert_close(lse[1:], lse_expected[1:])
 
 
 @pytest.mark.parametrize("arch, a, reason", [

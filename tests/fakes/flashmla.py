@@ -23,6 +23,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from dsv4ops import quant
 from dsv4ops.platform import current_simulation
 
 from .flashinfer import _attend
@@ -83,9 +84,10 @@ def flash_mla_with_kvcache(
     extra_topk_length: Optional[torch.Tensor] = None
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The argument contract of the V4 / V4.1 sparse fp8 decode (tokenspeed-flashmla 1.0.0.post20260924's
-    docstring and the checks its kernel library carries as messages); the values are not modelled (zeros):
-    this fake records the adapter's calls for the drift check, the V4 decode itself runs on the H100
-    (docs/verified.md), the V4.1 one on SM100 only. The record is read from the last dimension (584 V4,
+    docstring and the checks its kernel library carries as messages). V4 values are not modelled (zeros:
+    that decode runs on the H100, docs/verified.md); the V4.1 ones are: both caches' selected records
+    decoded with the reference codecs from the docstring's split page, one softmax over both, the sink
+    scaling the output only, lse natural-log with +inf for a row that selects nothing. The record is read from the last dimension (584 V4,
     528 V4.1, 288 V4.1 fp4 only as the extra cache of a 528 B one); the V4.1 page pitch is taken to be a
     multiple of 512 B (528) / 256 B (288), the TMA stride the kernel requires a multiple of."""
     b, s_q, h_q, d = q.shape
@@ -112,7 +114,34 @@ def flash_mla_with_kvcache(
     for lens in (topk_length, extra_topk_length):
         assert lens is None or (lens.dtype == torch.int32 and lens.shape == (b,))
     assert attn_sink is None or (attn_sink.dtype == torch.float32 and attn_sink.shape == (h_q,))
-    return torch.zeros(b, s_q, h_q, 512, dtype=torch.bfloat16), torch.zeros(b, h_q, s_q)
+    if bpt == 584:
+        return torch.zeros(b, s_q, h_q, 512, dtype=torch.bfloat16), torch.zeros(b, h_q, s_q)
+    keys, valid = zip(*(_v41_keys(cache, idx, lens) for cache, idx, lens in (
+        (k_cache, indices, topk_length), (extra_k_cache, extra_indices_in_kvcache, extra_topk_length))
+        if cache is not None))
+    q2 = q.reshape(b * s_q, h_q, d).float()
+    out, lse = _attend(q2, torch.cat(keys, 1), torch.cat(valid, 1), softmax_scale, attn_sink)
+    lse = torch.where(lse == float("-inf"), float("inf"), lse)
+    return out.to(torch.bfloat16).reshape(b, s_q, h_q, 512), lse.reshape(b, s_q, h_q).transpose(1, 2)
+
+
+def _v41_keys(cache: torch.Tensor, idx: torch.Tensor, lens: Optional[torch.Tensor]):
+    """Keys ``[b * s_q, topk, 512]`` and validity of one V4.1 cache view ``[nb, bs, 1, bpt]`` read as the
+    docstring's split page (``bs`` data rows, then ``bs`` scale rows); index = page * bs + offset, -1
+    invalid, entries at or past the length ignored."""
+    nb, bs, _, bpt = cache.shape
+    data_bytes = 512 if bpt == 528 else 256
+    pages = cache.reshape(nb, bs * bpt)     # one page's bytes are contiguous (checked above)
+    data = pages[:, : bs * data_bytes].reshape(nb, bs, data_bytes)
+    scales = pages[:, bs * data_bytes:].reshape(nb, bs, bpt - data_bytes)
+    idx = idx.reshape(-1, idx.shape[-1]).to(torch.int64)
+    valid = idx != -1
+    if lens is not None:
+        valid &= torch.arange(idx.shape[1])[None, :] < lens.repeat_interleave(idx.shape[0] // lens.shape[0])[:, None]
+    slot = torch.where(valid, idx, 0)
+    page, offset = slot // bs, slot % bs
+    decode = quant.decode_mxfp8 if bpt == 528 else quant.decode_nvfp4
+    return decode(data[page, offset], scales[page, offset]), valid
 
 
 # The functions the adapters call, by the vendor module path (used by the signature drift tests).
