@@ -15,7 +15,8 @@ not pass), copied as a signature only; the body is our plain-PyTorch model:
   h_q = 128 on SM100), fp32 sink ``[h_q]``.
 
 The arch (SM90 / SM100) is read from the simulated platform. ``flash_mla_with_kvcache`` (decode) checks
-its argument contract only and returns zeros: it records the decode adapter's calls for the drift tests.
+its argument contract; on the V4 record it returns zeros (it records the decode adapter's calls for the
+drift tests), on the V4.1 records of tokenspeed-flashmla 1.0.0.post20260924 it computes the attention.
 """
 import sys
 import types
