@@ -30,7 +30,8 @@ Scale = Union[float, torch.Tensor]          # a float, or a 1-element fp32 tenso
 # argument type -> torch.library schema type (scales cross the custom-op boundary as floats)
 _SCHEMA_TYPES = {
     torch.Tensor: "Tensor", Optional[torch.Tensor]: "Tensor?", int: "int", Optional[int]: "int?",
-    float: "float", bool: "bool", str: "str", Layout: "str", torch.dtype: "ScalarType", Scale: "float",
+    float: "float", bool: "bool", str: "str", Layout: "str", Optional[Layout]: "str?", torch.dtype: "ScalarType",
+    Scale: "float",
 }
 
 
@@ -356,7 +357,7 @@ def _generate(spec: OpSpec, name: str, body: str, env: dict, with_backend: bool 
     if with_backend:
         params += ([] if star else ["*"]) + ["backend=None"]
     values = ", ".join(a.name for a in spec.args)
-    normalized = ", ".join(f"layout_of.get({a.name}, {a.name})" if a.type is Layout else a.name for a in spec.args)
+    normalized = ", ".join(f"layout_of.get({a.name}, {a.name})" if a.type in (Layout, Optional[Layout]) else a.name for a in spec.args)
     scalars, structure, guarded = (", ".join(terms) for terms in _key_terms(spec, str))
     body = body.format(values=values, normalized=normalized, scalars=scalars, structure=structure, guarded=guarded)
     source = f"def {name}({', '.join(params)}):\n{body}\n"

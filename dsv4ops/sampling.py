@@ -38,9 +38,10 @@ def cos_sin_cache(max_pos: int) -> torch.Tensor:
     return torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32)
 
 
-def random_cache_bytes(gen, num_blocks: int, block_size: int, layout: str) -> torch.Tensor:
+def random_cache_bytes(gen, num_blocks: int, block_size: int, layout: str,
+                       page_bytes: int | None = None) -> torch.Tensor:
     """A cache in ``layout`` filled with random bytes (finite values for float layouts)."""
-    shape, dtype = formats.kv_cache_spec(num_blocks, block_size, layout)
+    shape, dtype = formats.kv_cache_spec(num_blocks, block_size, layout, page_bytes)
     if dtype == torch.uint8:
         return randint(gen, 0, 256, shape).to(torch.uint8)
     return (randn(gen, *shape) * 4).to(dtype)
@@ -76,14 +77,14 @@ def index_lists(gen, T, topk, num_slots, lens_mode, corner):
     return idx.to(torch.int32), (lens.to(torch.int32) if lens_mode is not None else None), selected
 
 
-def filled_cache(gen, layout, block_size, num_slots, selected, kv_scale):
+def filled_cache(gen, layout, block_size, num_slots, selected, kv_scale, page_bytes=None):
     # Row scales up to ~0.5 as in FlashMLA's tests: its abs tolerance (1e-3) budgets the bf16
     # rounding of the softmax weights, an error proportional to |V|.
     rows = randn(gen, num_slots, 512) * (0.02 + 0.5 * torch.rand(num_slots, 1, generator=gen))
     unselected = torch.ones(num_slots, dtype=torch.bool)
     unselected[selected.to(torch.int64)] = False
     rows[unselected] = float("nan")
-    return formats.pack_kv(rows, layout, block_size, kv_scale)
+    return formats.pack_kv(rows, layout, block_size, kv_scale, page_bytes)
 
 
 def quantize_blocks(x: torch.Tensor, block_rows: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -46,9 +46,9 @@ def test_kv_roundtrip(layout, gen):
     rows = torch.randn(32, 512, generator=gen)
     cache = formats.pack_kv(rows, layout, 16, kv_scale=0.5)
     back = formats.unpack_kv(cache, layout, 16, kv_scale=0.5)
-    tol = 2 ** -7 if layout == "bf16" else 2 ** -3
-    assert torch.allclose(back, rows, rtol=tol, atol=tol * rows.abs().amax(1, keepdim=True).max().item() / 16)
-    if not formats.Layout.of(layout).is_ds_mla:    # (a tile's decoded amax may fall into a smaller UE8M0 bin)
+    tol = {"bf16": 2 ** -7, "nvfp4_v41": 2 ** -2, "nvfp4_v41_inline": 2 ** -2}.get(layout, 2 ** -3)
+    assert torch.allclose(back, rows, rtol=tol, atol=tol * rows.abs().amax(1, keepdim=True).max().item() / 4)
+    if not formats.Layout.of(layout).is_paged_bytes:    # (a block's decoded amax may fall into a smaller scale bin)
         again = formats.pack_kv(back, layout, 16, kv_scale=0.5)
         assert torch.equal(again.view(torch.uint8), cache.view(torch.uint8))
 

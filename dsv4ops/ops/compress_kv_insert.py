@@ -13,6 +13,7 @@ from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..sampling import change, cos_sin_cache, randint, randn, set_args, to_device
 from ..shapes import C4_BLOCK, C128_BLOCK
 from ..tolerance import Collector, Verdict, bf16_ulp_close, fp8_blocks_close
+from .qnorm_rope_kv_insert import check_kv_cache
 
 
 def check(c: Checker, a):
@@ -42,8 +43,11 @@ def check(c: Checker, a):
     c.tensor("state_block_table", a.state_block_table, dtype=torch.int32, shape=("num_reqs", "max_state_blocks"))
     c.tensor("token_to_req", a.token_to_req, dtype=torch.int32, shape=(n,))
     c.int_arg("block_size", a.block_size, minimum=1)
-    c.tensor("kv_cache", a.kv_cache, dtype=layout.cache_dtype,
-             shape=("num_blocks",) + layout.cache_shape(1, a.block_size)[1:], contiguous=True)
+    if layout.is_v41:
+        check_kv_cache(c, "kv_cache", a.kv_cache, layout, a.block_size)
+    else:
+        c.tensor("kv_cache", a.kv_cache, dtype=layout.cache_dtype,
+                 shape=("num_blocks",) + layout.cache_shape(1, a.block_size)[1:], contiguous=True)
     c.tensor("slot_mapping", a.slot_mapping, dtype=torch.int64, shape=(n,))
     c.float_arg("eps", a.eps, positive=True)
     c.in_range("positions", a.positions, 0, a.cos_sin_cache.shape[0], what="positions (rows of cos_sin_cache)")
@@ -70,7 +74,7 @@ def fake(a):
 # Conformance: sample inputs, cases, comparison rule, error inputs, bench shapes
 
 def inputs(device, gen, *, layout, ratio, block_size, reqs=(), decode=0, pad=0, dp_pad=0,
-                       dtype=torch.float32, skip_slot=False):
+                       dtype=torch.float32, skip_slot=False, page_bytes=None):
     """Requests ``reqs = ((prior, new), ...)``: ``prior`` tokens compressed by earlier calls (their
     last window's state rows are random values, every other state row is NaN: nothing may read it),
     ``new`` tokens in this call. ``kv`` / ``score`` are the halves of one [T, 2c*D] projection
@@ -119,7 +123,7 @@ def inputs(device, gen, *, layout, ratio, block_size, reqs=(), decode=0, pad=0, 
     T = len(positions)
     proj = randn(gen, T, 2 * width) * torch.cat([0.05 + 2 * torch.rand(T, 1, generator=gen),
                                                    torch.full((T, 1), 2.0)], dim=1).repeat_interleave(width, 1)
-    shape = Layout.of(layout, among=formats.COMPRESSED_LAYOUTS).cache_shape(nb, block_size)
+    shape = Layout.of(layout, among=formats.COMPRESSED_LAYOUTS).cache_shape(nb, block_size, page_bytes)
     cache = randint(gen, 0, 256, shape).to(torch.uint8)          # random bytes: a stray write shows
     proj = proj.to(dtype)
     kwargs = dict(kv=proj[:, :width], score=proj[:, width:], positions=torch.tensor(positions, dtype=torch.int64),
@@ -160,6 +164,7 @@ def cases(tier: str):
         yield dict(layout="fp8_ds_mla", ratio=128, reqs=((100, 30), (127, 1), (0, 3)),
                    block_size=C128_BLOCK)
         yield dict(layout="fp8_ds_mla", ratio=4, decode=6, block_size=4)
+        yield from v41_cases(tier)
         return
     for layout, ratio, bs in (("fp8_ds_mla", 4, C4_BLOCK), ("index_fp8", 4, C4_BLOCK), ("fp8_ds_mla", 128, C128_BLOCK)):
         yield dict(layout=layout, ratio=ratio, decode=128, block_size=bs)   # 128 decode requests
@@ -167,6 +172,19 @@ def cases(tier: str):
                    block_size=bs, pad=5, dp_pad=3)                  # prefill chunks
     yield dict(layout="fp8_ds_mla", ratio=4, reqs=((8, 4), (0, 8192)), block_size=C4_BLOCK,
                dtype=torch.bfloat16, skip_slot=True)
+    yield from v41_cases(tier)
+
+
+def v41_cases(tier: str):
+    """nvfp4_v41 split and inline, padded and exact pages, both ratios."""
+    for i, (layout, ratio) in enumerate((("nvfp4_v41", 4), ("nvfp4_v41_inline", 128), ("nvfp4_v41_inline", 4))):
+        bs = (4 if ratio == 4 else 2) if tier == "quick" else (C4_BLOCK if ratio == 4 else C128_BLOCK)
+        reqs = ((0, 9), (5, 1), (30, 6)) if ratio == 4 else ((100, 30), (127, 1), (0, 3))
+        if tier == "full":
+            reqs = ((0, 1500), (513, 700), (4093, 3))
+        page = Layout.of(layout).min_page_bytes(bs) + (0 if i % 2 else 96)
+        yield dict(layout=layout, ratio=ratio, reqs=reqs, block_size=bs, page_bytes=page, pad=1, dp_pad=1,
+                   skip_slot=i == 2)
 
 
 def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
@@ -184,7 +202,14 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     got, ref, bs = got_kwargs["kv_cache"], kw["kv_cache"], kw["block_size"]
     owned = torch.zeros_like(ref, dtype=torch.bool)
     block, off = slots // bs, slots % bs
-    if Layout.of(kw["layout"], among=formats.COMPRESSED_LAYOUTS).is_ds_mla:
+    layout = Layout.of(kw["layout"], among=formats.COMPRESSED_LAYOUTS)
+    if layout.kind == Layout.NVFP4:
+        (gd, gs), (rd, rs) = formats.record_views(got, layout, bs), formats.record_views(ref, layout, bs)
+        od, os_ = formats.record_views(owned, layout, bs)
+        od[block, off] = True
+        os_[block, off] = True
+        nvfp4_records_close(c, "entries", (gd[block, off], gs[block, off]), (rd[block, off], rs[block, off]))
+    elif layout.is_ds_mla:
         (gd, gs), (rd, rs) = formats.ds_mla_views(got, bs), formats.ds_mla_views(ref, bs)
         od, os_ = formats.ds_mla_views(owned, bs)
         od[block, off] = True
@@ -207,6 +232,26 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     return c.verdict()
 
 
+def nvfp4_records_close(c: Collector, name: str, got: tuple, ref: tuple) -> None:
+    """NVFP4 records (packed ``[N, 256]``, scale bytes ``[N, 32]``): each e4m3 scale byte equal to the
+    reference's or one code off, each dequantized value within one e2m1 step (at the larger scale)
+    of the reference's (the bf16 entries may differ by an ulp)."""
+    (gp, gs), (rp, rs) = got, ref
+    if gp.numel() == 0:
+        return
+    code_diff = (gs.to(torch.int16) - rs.to(torch.int16)).abs()
+    c.require(bool((code_diff <= 1).all()), f"{name} scales: {int((code_diff > 1).sum())} e4m3 bytes more than one "
+                                             f"code from the reference's")
+    got_x, ref_x = quant.decode_nvfp4(gp, gs), quant.decode_nvfp4(rp, rs)
+    scale = torch.maximum(*(s.view(torch.float8_e4m3fn).float() for s in (gs, rs))).repeat_interleave(quant.NV_BLOCK, -1)
+    step = torch.where(ref_x.abs() >= 4 * scale, 2.0, torch.where(ref_x.abs() >= 2 * scale, 1.0, 0.5))
+    diff, bound = (got_x - ref_x).abs(), step * scale + 2 ** -3 * ref_x.abs()
+    bad = ~(diff <= bound) & ~(torch.isnan(got_x) & torch.isnan(ref_x))
+    c.err(float(torch.nan_to_num(diff / bound, nan=0.0).max()))
+    c.require(not bool(bad.any()), f"{name}: {int(bad.sum())} dequantized values more than one e2m1 step off, "
+              f"first at {torch.nonzero(bad)[0].tolist() if bad.any() else None}")
+
+
 def cost(kw: dict) -> tuple[int, int]:
     """(bytes, flops) a kernel must move / do at least."""
     n = kw["state_slot_mapping"].shape[0]
@@ -221,6 +266,7 @@ def cost(kw: dict) -> tuple[int, int]:
 
 ERRORS = (
     ("layout", set_args(layout="bf16")),
+    ("layout", set_args(layout="mxfp8_v41")),
     ("ratio", set_args(ratio=8)),
     ("kv", change("kv", lambda t: t[:, :512])),
     ("kv", change("kv", lambda t: t.half())),
@@ -236,6 +282,7 @@ ERRORS = (
     ("token_to_req", change("token_to_req", lambda t: t + 5)),
     ("token_to_req", change("token_to_req", lambda t: t.long())),
     ("kv_cache", set_args(block_size=8)),
+    ("kv_cache", set_args(layout="nvfp4_v41", block_size=16)),         # 2880-byte pages < 16 * 288
     ("slot_mapping", change("slot_mapping", lambda t: t[:2])),
     ("slot_mapping", change("slot_mapping", lambda t: t + 1000)),
     ("eps", set_args(eps=0.0)),

@@ -7,29 +7,43 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import formats
+from .. import formats, quant
 from ..checker import Checker
 from ..cost import nbytes
 from ..formats import Layout
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, Scale, define
 from ..sampling import change, cos_sin_cache, randint, randn, random_cache_bytes, set_args, to_device
 from ..shapes import ATTENTION_LAYOUTS, HEADS_PER_RANK, SWA_BLOCK
-from ..tolerance import Collector, Verdict, bf16_ulp_close, close, fp8_ulp_close
+from ..tolerance import Collector, Verdict, bf16_ulp_close, close, fp8_blocks_close, fp8_ulp_close
 
 MAX_HEADS = 128
 
 
-def check_layout(c: Checker, layout) -> Layout:
+def check_layout(c: Checker, layout, name: str = "layout") -> Layout:
+    """The attention cache layout ``layout``; NVFP4 (written by compress_kv_insert) is only an
+    ``extra_layout`` (docs/ops.md §6)."""
     try:
-        return Layout.of(layout)
+        found = Layout.of(layout)
     except ValueError:
-        c.fail("layout", f"must be one of {list(formats.LAYOUTS)}, got {layout!r}")
+        c.fail(name, f"must be one of {list(formats.LAYOUTS)}, got {layout!r}")
+    if found.kind == Layout.NVFP4 and name == "layout":
+        c.fail(name, f"{found} holds compressed entries only (compress_kv_insert, extra_layout); "
+                     f"the SWA cache of V4.1 is mxfp8_v41 or mxfp8_v41_inline")
+    return found
 
 
 def check_kv_cache(c: Checker, name: str, cache, layout: Layout, block_size: int) -> None:
-    """``cache`` must be what ``formats.allocate_kv_cache(n, block_size, layout)`` returns."""
+    """``cache`` must be what ``formats.allocate_kv_cache(n, block_size, layout)`` returns; a V4.1
+    cache may have any page width ``>= block_size * token_bytes`` (docs/ops.md §6)."""
     if not isinstance(cache, torch.Tensor) or cache.dim() < 1:
         c.fail(name, f"must be a {layout} KV cache tensor, got {type(cache).__name__}")
+    if layout.is_v41:
+        c.tensor(name, cache, dtype=layout.cache_dtype, shape=("num_blocks", "page_bytes"), contiguous=True)
+        if cache.shape[1] < layout.min_page_bytes(block_size):
+            c.fail(name, f"pages of {cache.shape[1]} bytes are too small for block_size={block_size} "
+                         f"tokens of {layout.token_bytes} bytes ({layout}): need at least "
+                         f"{layout.min_page_bytes(block_size)}")
+        return
     shape = layout.cache_shape(cache.shape[0], block_size)
     c.tensor(name, cache, dtype=layout.cache_dtype, shape=("num_blocks",) + shape[1:], contiguous=True)
 
@@ -71,7 +85,7 @@ def fake(a):
 # Conformance: sample inputs, cases, comparison rule, error inputs, bench shapes
 
 def inputs(device, gen, *, T, H, layout, block_size=64, num_blocks=4, skip_slots=0.25,
-                         dp_pad=0, max_pos=4096, out=False):
+                         dp_pad=0, max_pos=4096, out=False, page_bytes=None, eps=1e-6):
     q = (randn(gen, T, H, 512) * (0.5 + 4 * torch.rand(T, H, 1, generator=gen))).to(torch.bfloat16)
     kv = (randn(gen, T, 512) * (0.01 + 3 * torch.rand(T, 1, generator=gen))).to(torch.bfloat16)
     positions = randint(gen, 0, max_pos, (T,))
@@ -86,8 +100,8 @@ def inputs(device, gen, *, T, H, layout, block_size=64, num_blocks=4, skip_slots
     scales = dict(kv_scale=0.5, q_scale=0.25) if Layout.of(layout).has_tensor_scale else {}
     out_dtype = Layout.of(layout).query_dtype
     kwargs = dict(q=q, kv=kv, positions=positions, cos_sin_cache=cos_sin_cache(max_pos),
-                  kv_cache=random_cache_bytes(gen, num_blocks, block_size, layout), slot_mapping=slots,
-                  layout=layout, block_size=block_size, eps=1e-6, **scales)
+                  kv_cache=random_cache_bytes(gen, num_blocks, block_size, layout, page_bytes),
+                  slot_mapping=slots, layout=layout, block_size=block_size, eps=eps, **scales)
     if out:
         kwargs["out"] = torch.empty(T, H, 512, dtype=out_dtype)
     return to_device(kwargs, device)
@@ -99,12 +113,22 @@ def cases(tier: str):
         for layout, H, bs in itertools.product(ATTENTION_LAYOUTS, (3, 16), (64, 16)):
             yield dict(T=5, H=H, layout=layout, block_size=bs, num_blocks=3,
                        dp_pad=1 if H == 3 else 0, out=bs == 16)
+        yield from v41_cases(T=5, H=3, block_size=16, num_blocks=3)
         return
     heads = sorted({h for hs in HEADS_PER_RANK.values() for h in hs})
     for layout, H, T in itertools.product(ATTENTION_LAYOUTS, heads, (1, 64)):
         yield dict(T=T, H=H, layout=layout, block_size=SWA_BLOCK, num_blocks=8)
     yield dict(T=300, H=64, layout="fp8_ds_mla", block_size=SWA_BLOCK,
                num_blocks=16, dp_pad=7, out=True)
+    yield from v41_cases(T=64, H=64, block_size=SWA_BLOCK, num_blocks=8)
+
+
+def v41_cases(**shape):
+    """mxfp8_v41 split and inline, default (padded) and exact (unpadded) page widths, the V4.1
+    RMSNorm eps (1e-20)."""
+    for layout, exact in itertools.product(("mxfp8_v41", "mxfp8_v41_inline"), (False, True)):
+        page = Layout.of(layout).min_page_bytes(shape["block_size"]) + (0 if exact else 40)
+        yield dict(shape, layout=layout, page_bytes=page, eps=1e-20, dp_pad=int(exact))
 
 
 def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
@@ -128,6 +152,9 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
         c.require(not bool(mismatch.any()), f"cache: {int(mismatch.sum())} bytes differ outside the RoPE values "
                   f"(fp8 values, scale bytes, pad byte or bytes no slot owns), first at "
                   f"{torch.nonzero(mismatch)[0].tolist() if mismatch.any() else None}")
+    elif layout.kind == Layout.MXFP8:
+        slots = ref_kwargs["slot_mapping"]
+        _compare_mxfp8_cache(c, got_cache, ref_cache, layout, bs, slots[slots >= 0])
     elif layout.kind == Layout.BF16:
         close(c, "cache", got_cache, ref_cache, atol=1e-6, rtol=2 ** -7)
         nope_same = torch.equal(got_cache[..., : formats.NOPE_DIM].view(torch.int16),
@@ -139,6 +166,26 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
                                 ref_cache[..., : formats.NOPE_DIM].view(torch.uint8))
         c.require(nope_same, "cache: NoPE fp8 bytes must be exact")
     return c.verdict()
+
+
+def _compare_mxfp8_cache(c: Collector, got: torch.Tensor, ref: torch.Tensor, layout: Layout, bs: int,
+                         slots: torch.Tensor) -> None:
+    """At the written ``slots``: NoPE blocks (values and scale bytes) byte for byte, the two RoPE
+    blocks within one e4m3 step (the rotated bf16 values may differ by an ulp); every other byte exact."""
+    nope_blocks = formats.NOPE_DIM // layout.scale_block
+    block, off = slots // bs, slots % bs
+    (gd, gs), (rd, rs) = formats.record_views(got, layout, bs), formats.record_views(ref, layout, bs)
+    fp8 = lambda d: d[block, off, formats.NOPE_DIM:].view(torch.float8_e4m3fn)
+    scale = lambda s: quant.ue8m0_to_float(s[block, off, nope_blocks:])
+    fp8_blocks_close(c, "cache RoPE blocks", (fp8(gd), scale(gs)), (fp8(rd), scale(rs)), layout.scale_block)
+    rope = torch.zeros_like(got, dtype=torch.bool)
+    rd_mask, rs_mask = formats.record_views(rope, layout, bs)
+    rd_mask[block, off, formats.NOPE_DIM:] = True
+    rs_mask[block, off, nope_blocks:] = True
+    mismatch = (got != ref) & ~rope
+    c.require(not bool(mismatch.any()), f"cache: {int(mismatch.sum())} bytes differ outside the RoPE blocks "
+              f"(NoPE values and scales, bytes no slot owns), first at "
+              f"{torch.nonzero(mismatch)[0].tolist() if mismatch.any() else None}")
 
 
 def cost(kw: dict) -> tuple[int, int]:
@@ -161,6 +208,8 @@ ERRORS = (
     ("layout", set_args(layout="fp8")),
     ("kv_cache", change("kv_cache", lambda t: t[:, :-1].contiguous())),
     ("kv_cache", set_args(layout="bf16")),
+    ("kv_cache", set_args(layout="mxfp8_v41", kv_cache=torch.zeros(2, 16 * 528 - 1, dtype=torch.uint8))),
+    ("layout", set_args(layout="nvfp4_v41")),
     ("slot_mapping", change("slot_mapping", lambda t: torch.cat([t, t]))),
     ("slot_mapping", change("slot_mapping", lambda t: t.clamp_min(0) + 32)),
     ("block_size", set_args(block_size=0)),

@@ -29,6 +29,7 @@ def check(c: Checker, a):
     if not 1 <= H <= MAX_HEADS:
         c.fail("q", f"must have 1 to {MAX_HEADS} heads, got H={H}")
     c.int_arg("block_size", a.block_size, minimum=1)
+    extra_layout = check_extra_layout(c, layout, a.extra_layout)
     check_kv_cache(c, "kv_cache", a.kv_cache, layout, a.block_size)
     _check_index_list(c, "indices", "topk_lens", a.indices, a.topk_lens, T, a.kv_cache.shape[0] * a.block_size)
     c.float_arg("softmax_scale", a.softmax_scale, positive=True)
@@ -41,7 +42,7 @@ def check(c: Checker, a):
         if a.extra_indices is None:
             c.fail("extra_indices", "is required with extra_kv_cache")
         c.int_arg("extra_block_size", a.extra_block_size, minimum=1)
-        check_kv_cache(c, "extra_kv_cache", a.extra_kv_cache, layout, a.extra_block_size)
+        check_kv_cache(c, "extra_kv_cache", a.extra_kv_cache, extra_layout, a.extra_block_size)
         _check_index_list(c, "extra_indices", "extra_topk_lens", a.extra_indices, a.extra_topk_lens, T,
                           a.extra_kv_cache.shape[0] * a.extra_block_size)
     c.float_arg("kv_scale", a.kv_scale, positive=True, tensor_ok=True)
@@ -50,7 +51,19 @@ def check(c: Checker, a):
     c.bool_arg("need_lse", a.need_lse)
     c.disjoint(a, "kv_cache", others=("q",))
     c.disjoint(a, "extra_kv_cache", others=("q",))
-    return a._replace(layout=layout)
+    return a._replace(layout=layout, extra_layout=extra_layout)
+
+
+def check_extra_layout(c: Checker, layout: Layout, extra_layout) -> Layout:
+    """The extra cache's layout: ``layout`` when None; a V4 layout allows only itself, an
+    ``mxfp8_v41*`` one any ``mxfp8_v41*`` or ``nvfp4_v41*`` (docs/ops.md §6)."""
+    if extra_layout is None:
+        return layout
+    extra = check_layout(c, extra_layout, "extra_layout")
+    if layout.is_v41 and not extra.is_v41 or not layout.is_v41 and extra is not layout:
+        allowed = [n for n, x in formats.LAYOUTS.items() if x.is_v41] if layout.is_v41 else [layout.name]
+        c.fail("extra_layout", f"must be None or one of {allowed} with layout={layout}, got {extra}")
+    return extra
 
 
 def _check_index_list(c: Checker, name: str, lens_name: str, indices, lens, T: int, num_slots: int) -> None:
@@ -70,9 +83,12 @@ def fake(a):
 # Conformance: sample inputs, cases, comparison rule, error inputs, bench shapes
 
 def inputs(device, gen, *, T, H, topk, layout, block_size=64, extra_topk=0, extra_block_size=64,
-                      sink="random", lens="random", corner=None, out=False, need_lse=True, extra_slots=0):
+                      sink="random", lens="random", corner=None, out=False, need_lse=True, extra_slots=0,
+                      extra_layout=None, exact_pages=False):
     """Inputs of sparse_mla_decode and sparse_mla_prefill; ``extra_slots`` sizes the extra cache (at
-    least twice extra_topk) to spread the selections, as a long context does."""
+    least twice extra_topk) to spread the selections, as a long context does; ``exact_pages``: V4.1
+    pages of exactly ``block_size * token_bytes`` (no padding)."""
+    page = lambda lay, bs: Layout.of(lay).min_page_bytes(bs) if exact_pages else None
     per_tensor = Layout.of(layout).has_tensor_scale
     kv_scale = 0.25 if per_tensor else 1.0
     num_slots = max(2 * topk, 4 * block_size)
@@ -80,7 +96,8 @@ def inputs(device, gen, *, T, H, topk, layout, block_size=64, extra_topk=0, extr
     idx, lens_t, selected = index_lists(gen, T, topk, num_slots, lens, corner)
     qf = randn(gen, T, H, 512)
     kwargs = dict(q=to_fp8(qf * 2) if per_tensor else qf.to(torch.bfloat16),
-                  kv_cache=filled_cache(gen, layout, block_size, num_slots, selected, kv_scale),
+                  kv_cache=filled_cache(gen, layout, block_size, num_slots, selected, kv_scale,
+                                        page(layout, block_size)),
                   indices=idx, topk_lens=lens_t, layout=layout, block_size=block_size,
                   softmax_scale=SOFTMAX_SCALE)
     if per_tensor:
@@ -89,8 +106,12 @@ def inputs(device, gen, *, T, H, topk, layout, block_size=64, extra_topk=0, extr
         n_extra = max(2 * extra_topk, 4 * extra_block_size, extra_slots)
         n_extra += (-n_extra) % extra_block_size
         e_idx, e_lens, e_sel = index_lists(gen, T, extra_topk, n_extra, lens, corner)
-        kwargs.update(extra_kv_cache=filled_cache(gen, layout, extra_block_size, n_extra, e_sel, kv_scale),
+        e_layout = extra_layout or layout
+        kwargs.update(extra_kv_cache=filled_cache(gen, e_layout, extra_block_size, n_extra, e_sel, kv_scale,
+                                                  page(e_layout, extra_block_size)),
                       extra_indices=e_idx, extra_topk_lens=e_lens, extra_block_size=extra_block_size)
+        if extra_layout is not None:
+            kwargs["extra_layout"] = extra_layout
     if sink == "random":
         kwargs["attn_sink"] = randn(gen, H) * 2
     elif sink == "inf":
@@ -132,6 +153,7 @@ def cases(tier: str):
                    need_lse=False)
         yield dict(T=2, H=8, topk=32, layout="bf16", sink="inf", need_lse=False)   # single segment
         yield from grid_cases(tier, T=1)
+        yield from v41_cases(tier, T=3, H=8)
         return
     for model, heads in HEADS_PER_RANK.items():
         for H, T in itertools.product(heads, (8, 128)):
@@ -150,6 +172,21 @@ def cases(tier: str):
     yield dict(T=16, H=128, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=1024,
                extra_block_size=C4_BLOCK, sink="inf", out=True)
     yield from grid_cases(tier, T=16)
+    yield from v41_cases(tier, T=16, H=64)
+
+
+def v41_cases(tier: str, T: int, H: int):
+    """V4.1 caches (decode and prefill): every main x extra layout pair (split, inline, mixed), padded
+    and exact pages, the corner cases; sinks None / +-inf."""
+    topk, bs, extra = (WINDOW, SWA_BLOCK, 512) if tier == "full" else (32, 16, 64)
+    base = dict(T=T, H=H, topk=topk, block_size=bs, extra_topk=extra, extra_block_size=C4_BLOCK if tier == "full" else 16)
+    mains, extras = ("mxfp8_v41", "mxfp8_v41_inline"), ("nvfp4_v41", "nvfp4_v41_inline", "mxfp8_v41", None)
+    for i, (main, extra_layout) in enumerate(itertools.product(mains, extras)):
+        yield dict(base, layout=main, extra_layout=extra_layout, exact_pages=i % 2 == 1)
+    for i, corner in enumerate(("all_invalid", "pad_middle", "duplicates", "zero_len")):
+        yield dict(base, layout="mxfp8_v41", extra_layout="nvfp4_v41_inline", corner=corner, exact_pages=i % 2 == 0)
+    yield dict(base, layout="mxfp8_v41_inline", extra_layout="nvfp4_v41", sink="inf", lens="full", out=True)
+    yield dict(base, layout="mxfp8_v41", extra_layout="nvfp4_v41", sink=None, lens=None, need_lse=False)
 
 
 def attention_rule(op: str):
@@ -215,6 +252,14 @@ ERRORS = (
     ("extra_kv_cache", set_args(extra_block_size=4)),
     ("kv_cache", set_args(layout="bf16")),
     ("layout", set_args(layout="fp8")),
+    ("layout", set_args(layout="nvfp4_v41", q=torch.zeros(3, 4, 512, dtype=torch.bfloat16))),
+    ("extra_layout", set_args(extra_layout="nvfp4_v41")),                  # a V4 main layout
+    ("extra_layout", set_args(extra_layout="bf16")),
+    ("extra_layout", set_args(extra_layout="nvfp4")),
+    ("extra_layout", set_args(layout="mxfp8_v41", extra_layout="fp8_ds_mla")),
+    ("kv_cache", set_args(layout="mxfp8_v41", kv_cache=torch.zeros(8, 16 * 528 - 1, dtype=torch.uint8))),
+    ("extra_kv_cache", set_args(layout="mxfp8_v41", extra_layout="nvfp4_v41",
+                                extra_kv_cache=torch.zeros(32, 2 * 288 - 1, dtype=torch.uint8))),
     ("out", set_args(out=torch.empty(3, 4, 512))),
 )
 
@@ -231,7 +276,8 @@ SPEC = OpSpec(
         Arg("kv_cache", Tensor, doc="the SWA cache in `layout`"),
         Arg("indices", Tensor, doc="int32 [T, topk] cache slots, -1 invalid"),
         Arg("topk_lens", Optional[Tensor], None, doc="int32 [T] valid prefix of each index row"),
-        Arg("layout", Layout, keyword_only=True, doc='cache layout: "fp8_ds_mla", "bf16" or "fp8_per_tensor"'),
+        Arg("layout", Layout, keyword_only=True,
+            doc='cache layout: "fp8_ds_mla", "bf16", "fp8_per_tensor", "mxfp8_v41" or "mxfp8_v41_inline"'),
         Arg("block_size", int, keyword_only=True, doc="tokens per page of kv_cache"),
         Arg("softmax_scale", float, keyword_only=True, doc="scale of q.k (> 0)"),
         Arg("attn_sink", Optional[Tensor], None, keyword_only=True, doc="fp32 [H]"),
@@ -241,6 +287,8 @@ SPEC = OpSpec(
         Arg("extra_topk_lens", Optional[Tensor], None, keyword_only=True,
             doc="int32 [T] valid prefix of each extra index row, or None"),
         Arg("extra_block_size", Optional[int], None, keyword_only=True, doc="tokens per page of extra_kv_cache"),
+        Arg("extra_layout", Optional[Layout], None, keyword_only=True,
+            doc='layout of extra_kv_cache (None: `layout`); with "mxfp8_v41*" any "mxfp8_v41*" or "nvfp4_v41*"'),
         Arg("kv_scale", Scale, 1.0, keyword_only=True,
             doc='"fp8_per_tensor": the cache scale (float or 1-element fp32 tensor)'),
         Arg("q_scale", Scale, 1.0, keyword_only=True,

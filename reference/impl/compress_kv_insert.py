@@ -41,7 +41,7 @@ def compress_kv_insert(a):
     normed = pooled * torch.rsqrt(pooled.square().mean(-1, keepdim=True) + a.eps) * a.norm_weight.float()
     cos, sin = cos_sin(a.cos_sin_cache, p - ratio + 1)      # RoPE at the window's first position
     entry = rotate(normed, cos, sin).to(torch.bfloat16).float()
-    if a.layout.is_ds_mla:
+    if a.layout.is_paged_bytes:
         formats.write_kv(a.kv_cache, a.layout, a.block_size, a.slot_mapping[done], entry)
     else:
         _write_index_keys(a.kv_cache, a.slot_mapping[done], entry)

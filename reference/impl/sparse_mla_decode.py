@@ -40,7 +40,7 @@ def _attend(a, magnitude: bool):
     """fp32 output [T, H, 512] and lse [T, H] (+inf for lonely tokens)."""
     keys, valid = gather_selected(a.kv_cache, a.layout, a.block_size, a.indices, a.topk_lens, a.kv_scale)
     if a.extra_kv_cache is not None:
-        extra_keys, extra_valid = gather_selected(a.extra_kv_cache, a.layout, a.extra_block_size, a.extra_indices,
+        extra_keys, extra_valid = gather_selected(a.extra_kv_cache, a.extra_layout, a.extra_block_size, a.extra_indices,
                                                   a.extra_topk_lens, a.kv_scale)
         keys, valid = torch.cat([keys, extra_keys], 1), torch.cat([valid, extra_valid], 1)
 
