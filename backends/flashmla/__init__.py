@@ -113,7 +113,7 @@ def v4_records(plat: Platform, call) -> str | None:
 
 
 def v41_records(plat: Platform, call) -> str | None:
-    """The V4.1 main cache (and its extra cache, ``extra_layout``, default the main one): a generation that
+    """The V4.1 main cache (and its extra cache, in ``extra_layout``): a generation that
     declares them, an SM100 / SM103 device, and the page layout (split / inline) the generation reads;
     converting pages would copy the whole cache, so the other page layout is declined. The page pitch must be
     a multiple of the kernel's TMA stride, taken to be the layout's ``page_align`` (the alignment vLLM and
@@ -125,7 +125,7 @@ def v41_records(plat: Platform, call) -> str | None:
         return f"V4.1 kernels are SM100-only in this wheel (arch {plat.arch}; built for {', '.join(V41_ARCHS)})"
     caches = [("layout", call.layout)]
     if call.get("extra_kv_cache") is not None:
-        caches.append(("extra_layout", call.get("extra_layout") or call.layout))
+        caches.append(("extra_layout", call.extra_layout))
     inline = V41_PAGES[generation]
     for (name, layout), cache in zip(caches, ("kv_cache", "extra_kv_cache")):
         if layout.inline != inline:

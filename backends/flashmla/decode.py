@@ -34,8 +34,7 @@ def sparse_mla_decode(a):
     q_p, sink_p = pad_heads(a.q, a.attn_sink, Hp)
     extra = {}
     if a.extra_kv_cache is not None:
-        extra_layout = getattr(a, "extra_layout", None) or a.layout     # the V4.1 argument (None: layout)
-        extra = dict(extra_k_cache=cache_view(a.extra_kv_cache, a.extra_block_size, extra_layout),
+        extra = dict(extra_k_cache=cache_view(a.extra_kv_cache, a.extra_block_size, a.extra_layout),
                      extra_indices_in_kvcache=dense(a.extra_indices).unsqueeze(1),
                      extra_topk_length=dense(a.extra_topk_lens))
     sched, _ = flash_mla.get_mla_metadata()
