@@ -85,9 +85,14 @@ def fake(a):
 # Conformance: sample inputs, cases, comparison rule, error inputs, bench shapes
 
 def inputs(device, gen, *, T, H, layout, block_size=64, num_blocks=4, skip_slots=0.25,
-                         dp_pad=0, max_pos=4096, out=False, page_bytes=None, eps=1e-6):
+                         dp_pad=0, max_pos=4096, out=False, page_bytes=None, eps=1e-6, extremes=False):
+    """``extremes``: the 32-value blocks of kv scaled by 0, 1e-6 (below the MXFP8 amax floor), 1e-3,
+    1 and 1e4 in turn (zero, subnormal and large scales)."""
     q = (randn(gen, T, H, 512) * (0.5 + 4 * torch.rand(T, H, 1, generator=gen))).to(torch.bfloat16)
-    kv = (randn(gen, T, 512) * (0.01 + 3 * torch.rand(T, 1, generator=gen))).to(torch.bfloat16)
+    kv = randn(gen, T, 512) * (0.01 + 3 * torch.rand(T, 1, generator=gen))
+    if extremes:
+        kv = kv * torch.tensor([0.0, 1e-6, 1e-3, 1.0, 1e4]).repeat(4)[:16].repeat_interleave(32)
+    kv = kv.to(torch.bfloat16)
     positions = randint(gen, 0, max_pos, (T,))
     if T >= 2:                                  # both ends of the cos/sin cache
         positions[0], positions[-1] = 0, max_pos - 1
@@ -129,6 +134,7 @@ def v41_cases(**shape):
     for layout, exact in itertools.product(("mxfp8_v41", "mxfp8_v41_inline"), (False, True)):
         page = Layout.of(layout).min_page_bytes(shape["block_size"]) + (0 if exact else 40)
         yield dict(shape, layout=layout, page_bytes=page, eps=1e-20, dp_pad=int(exact))
+    yield dict(shape, layout="mxfp8_v41", eps=1e-20, extremes=True)
 
 
 def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:

@@ -15,7 +15,7 @@ from ..opspec import BenchShapes, Conformance, OpSpec, define
 from ..sampling import change, set_args
 from ..shapes import ATTENTION_LAYOUTS, C4_BLOCK, C128_BLOCK, HEADS_PER_RANK, INDEX_TOPK, SWA_BLOCK, WINDOW
 from .sparse_mla_decode import SPEC as DECODE
-from .sparse_mla_decode import attention_rule, grid_cases
+from .sparse_mla_decode import attention_rule, grid_cases, v41_cases
 
 
 def cases(tier: str):
@@ -33,6 +33,7 @@ def cases(tier: str):
         yield dict(T=3, H=16, topk=32, layout="bf16", extra_topk=64, extra_block_size=16,
                    need_lse=False)
         yield from grid_cases(tier, T=2)
+        yield from v41_cases(tier, T=3, H=16)
         return
     for model, heads in HEADS_PER_RANK.items():
         extra = dict(topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=INDEX_TOPK[model],
@@ -57,6 +58,7 @@ def cases(tier: str):
     yield from grid_cases(tier, T=64)
     yield dict(T=512, H=64, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=1024,
                extra_block_size=C4_BLOCK, extra_slots=40960)              # a 40K-entry compressed cache
+    yield from v41_cases(tier, T=512, H=64)
 
 
 def cost(kw: dict) -> tuple[int, int]:
