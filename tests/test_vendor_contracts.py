@@ -2,6 +2,7 @@
 to end against a fake of the vendor entry point (tests/fakes), judged by the conformance rules on
 a simulated platform; and the capability checks decline where the vendor kernel cannot run."""
 import ast
+import collections
 import functools
 import importlib
 import inspect
@@ -13,10 +14,13 @@ from fakes import flashinfer as fake_flashinfer
 from fakes import reprobed
 
 import dsv4ops
+from dsv4ops import formats
 from dsv4ops.backend_support import declared_signature
 from dsv4ops.conformance import cases, run_case
 from dsv4ops.conformance.cases import make_case
+from dsv4ops.formats import Layout
 from dsv4ops.ops import OPS
+from dsv4ops.opspec import DispatchKey
 
 
 @pytest.fixture
@@ -96,7 +100,7 @@ def test_flashmla_prefill_contract(flashmla, arch):
     assert {r.case.kwargs["layout"] for r in ran} == {"fp8_ds_mla", "bf16"}
     assert any(r.case.kwargs.get("corner") == "all_invalid" for r in ran)
     skipped = [r.message for r in results if r.status == "skip"]
-    assert skipped and all("layout fp8_per_tensor" in m or "_v41" in m for m in skipped)   # V4.1: not read
+    assert skipped and all(m.startswith(("layout fp8_per_tensor", "layout mxfp8_v41")) for m in skipped)  # V4.1: not routed
 
 
 def test_flashmla_prefill_declines_without_sink(monkeypatch, flashmla):
@@ -120,6 +124,187 @@ def test_flashmla_sm100_topk_tiles():
         assert "multiple of 128" in topk_multiple(dsv4ops.platform(), call)
     with dsv4ops.simulate_platform("cuda", "sm90"):
         assert topk_multiple(dsv4ops.platform(), call) is None
+
+
+# FlashMLA on the V4.1 records (tokenspeed-flashmla 1.0.0.post20260924): contract-tested only (no SM100 here).
+V41_LAYOUTS = {name: layout for name, layout in formats.LAYOUTS.items() if layout.is_v41}
+_DecodeArgs = collections.namedtuple("_DecodeArgs", "q kv_cache indices topk_lens attn_sink layout block_size "
+                                     "extra_kv_cache extra_indices extra_topk_lens extra_block_size extra_layout "
+                                     "softmax_scale need_lse out")
+
+
+def v41_decode_args(layout="mxfp8_v41", extra_layout="nvfp4_v41", T=3, H=8, topk=64, extra_topk=128, bs=64,
+                    extra_bs=32, pages=(None, None), padded=False, seed=0):
+    """sparse_mla_decode arguments on V4.1 caches; ``pages`` the page widths (None: bs * token_bytes, plus
+    one ``page_align`` if ``padded``);
+    random bytes (the fake does not read them), per-query lengths, a random sink."""
+    g = torch.Generator().manual_seed(seed)
+    main, extra = V41_LAYOUTS[layout], extra_layout and V41_LAYOUTS[extra_layout]
+
+    def cache(lay, block, width, tokens):
+        nb = -(-tokens // block)
+        width = width or block * lay.token_bytes + (lay.page_align if padded else 0)
+        return torch.randint(0, 256, (nb, width), dtype=torch.uint8, generator=g)
+
+    def idx(k, tokens):
+        return torch.randint(-1, tokens, (T, k), dtype=torch.int32, generator=g)
+
+    def lens(k):
+        return torch.randint(0, k + 1, (T,), dtype=torch.int32, generator=g)
+    return _DecodeArgs(
+        q=torch.randn(T, H, 512, generator=g).bfloat16(), kv_cache=cache(main, bs, pages[0], 4 * bs),
+        indices=idx(topk, 4 * bs), topk_lens=lens(topk), attn_sink=torch.randn(H, generator=g), layout=main,
+        block_size=bs, extra_kv_cache=extra and cache(extra, extra_bs, pages[1], 8 * extra_bs),
+        extra_indices=extra and idx(extra_topk, 8 * extra_bs), extra_topk_lens=extra and lens(extra_topk),
+        extra_block_size=extra_bs, extra_layout=extra, softmax_scale=0.0441, need_lse=True, out=None)
+
+
+@pytest.fixture
+def flashmla_v41(monkeypatch):
+    from fakes import flashmla as fake_flashmla
+    calls = []
+    fake_flashmla.install(monkeypatch, wrap=_recording(calls), v41=True)
+    with reprobed(monkeypatch, "flashmla"):
+        yield calls
+
+
+def _v41_decline(a, arch):
+    from dsv4ops.backends.flashmla import decode_records
+    with dsv4ops.simulate_platform("cuda", arch):
+        return decode_records(dsv4ops.platform(), DispatchKey("sparse_mla_decode", a, torch.device("cpu")))
+
+
+def test_flashmla_api_generation():
+    """The generation is read from what the module declares: 0615's interface reads V4 only, 0924's adds
+    the fused-kernel module (and the V4.1 records), upstream's 2026-09-30 interface enable_batch_invariant."""
+    from fakes import flashmla as fake_flashmla
+
+    from dsv4ops.backends.flashmla import api_generation
+    params = tuple(inspect.signature(fake_flashmla.flash_mla_with_kvcache).parameters)
+    assert api_generation(params, False) == "v4"
+    assert api_generation(params, True) == "v41"
+    assert api_generation(params + ("enable_batch_invariant",), True) == "v41-inline"
+
+
+@pytest.mark.parametrize("extra", ["nvfp4_v41", "mxfp8_v41", None])
+@pytest.mark.parametrize("padded", [False, True, "strided"])
+def test_flashmla_v41_decode_contract(flashmla_v41, extra, padded):
+    """Argument mapping on V4.1 caches (padded and unpadded pages): each cache viewed as [nb, bs, 1, 528 /
+    288] over its own bytes with its page pitch, indices [T, 1, k] and lengths [T] int32, heads and sink
+    padded to 64, out [T, H, 512] bf16 and lse [T, H] from FlashMLA's [T, 1, Hp, 512] / [T, Hp, 1]."""
+    from dsv4ops.backends.flashmla.decode import sparse_mla_decode
+    a = _v41_pitched(extra, padded)
+    assert _v41_decline(a, "sm100") is None
+    with dsv4ops.simulate_platform("cuda", "sm100"):
+        out, lse = sparse_mla_decode(a)
+    assert out.shape == (3, 8, 512) and out.dtype == torch.bfloat16 and lse.shape == (3, 8)
+    _, (path, args, kw) = flashmla_v41
+    assert path == "flash_mla:flash_mla_with_kvcache"
+    q, k_cache = args[:2]
+    assert q.shape == (3, 1, 64, 512) and torch.equal(q[:, 0, :8], a.q) and not q[:, 0, 8:].any()
+    for view, cache, bs, layout in ((k_cache, a.kv_cache, 64, a.layout),
+                                    (kw.get("extra_k_cache"), a.extra_kv_cache, 32, a.extra_layout)):
+        if cache is None:
+            assert view is None
+            continue
+        assert view.shape == (cache.shape[0], bs, 1, layout.token_bytes) and view.stride(0) == cache.stride(0)
+        assert view.data_ptr() == cache.data_ptr() and view.dtype == torch.uint8
+    assert torch.equal(kw["indices"][:, 0], a.indices) and torch.equal(kw["topk_length"], a.topk_lens)
+    assert torch.equal(kw["attn_sink"][:8], a.attn_sink) and (kw["attn_sink"][8:] == float("-inf")).all()
+    if extra:
+        assert torch.equal(kw["extra_indices_in_kvcache"][:, 0], a.extra_indices)
+        assert torch.equal(kw["extra_topk_length"], a.extra_topk_lens)
+    assert kw["softmax_scale"] == a.softmax_scale and kw["is_fp8_kvcache"] and not kw["causal"]
+
+
+def _v41_pitched(extra, padded):
+    """v41_decode_args with unpadded, padded or ("strided") unpadded pages inside a wider allocation,
+    whose pitch is stride(0), not shape[1]."""
+    a = v41_decode_args(extra_layout=extra, padded=padded is True)
+    if padded == "strided":
+        wide = torch.zeros(a.kv_cache.shape[0], a.kv_cache.shape[1] + 512, dtype=torch.uint8)
+        wide[:, : a.kv_cache.shape[1]] = a.kv_cache
+        a = a._replace(kv_cache=wide[:, : a.kv_cache.shape[1]])
+    return a
+
+
+@pytest.mark.parametrize("extra", ["nvfp4_v41", "mxfp8_v41", None])
+@pytest.mark.parametrize("padded", [False, True, "strided"])
+def test_flashmla_v41_decode_values(flashmla_v41, extra, padded):
+    """On real records the adapter returns attention over what ``formats.read_kv`` (an independent reader of
+    split pages of any pitch) decodes at the selected slots: -1 entries, lengths, a lonely row, the sink."""
+    from fakes.flashinfer import _attend
+
+    from dsv4ops.backends.flashmla.decode import sparse_mla_decode
+    a = _v41_pitched(extra, padded)
+    g = torch.Generator().manual_seed(1)
+    segments = [(a.kv_cache, a.layout, a.block_size, a.indices, a.topk_lens)]
+    if extra:
+        segments.append((a.extra_kv_cache, a.extra_layout, a.extra_block_size, a.extra_indices, a.extra_topk_lens))
+    keys, valid = [], []
+    for cache, layout, bs, idx, lens in segments:
+        slots = torch.arange(cache.shape[0] * bs)
+        formats.write_kv(cache, layout, bs, slots, torch.randn(len(slots), 512, generator=g) * 3)
+        lens[0] = 0                                       # row 0 selects nothing
+        ok = (idx >= 0) & (torch.arange(idx.shape[1])[None, :] < lens[:, None])
+        keys.append(formats.read_kv(cache, layout, bs, torch.where(ok, idx, 0)))
+        valid.append(ok)
+    expected, lse_expected = _attend(a.q.float(), torch.cat(keys, 1), torch.cat(valid, 1), a.softmax_scale, a.attn_sink)
+    with dsv4ops.simulate_platform("cuda", "sm100"):
+        out, lse = sparse_mla_decode(a)
+    torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
+    assert not out[0].any() and (lse[0] == float("inf")).all()
+    torch.testing.assert_close(lse[1:], lse_expected[1:])
+
+
+_V41_SPLIT = dict(T=16, H=64, topk=128, block_size=64, extra_topk=512, extra_block_size=64, layout="mxfp8_v41",
+                  extra_layout="nvfp4_v41")
+_V41_CASES = [c for c in cases("sparse_mla_decode", "full") if Layout.of(c.kwargs["layout"]).is_v41] + [
+    make_case("sparse_mla_decode", **_V41_SPLIT, corner=corner, exact_pages=i % 2 == 0)
+    for i, corner in enumerate(("all_invalid", "pad_middle", "duplicates", "zero_len"))] + [
+    make_case("sparse_mla_decode", **dict(_V41_SPLIT, T=5, H=128, extra_layout="mxfp8_v41", sink="inf", out=True))]
+
+
+def test_flashmla_v41_decode_conformance(flashmla_v41):
+    """The op's V4.1 conformance cases (full tier: index widths FlashMLA's tiles accept) and split-page
+    corner cases, judged against the reference by the op's rule on a simulated SM100; the inline-page
+    cases are declined with the reason."""
+    with dsv4ops.simulate_platform("cuda", "sm100"):
+        results = [run_case(case, "flashmla", "cpu", seed=5) for case in _V41_CASES]
+    ran = [r for r in results if r.status != "skip"]
+    assert len(ran) >= 9 and all(r.status == "pass" for r in ran), [(r.case.id, r.message) for r in ran]
+    assert all("inline pages; this flash_mla (API v41) reads split" in r.message for r in results if r.status == "skip")
+
+
+@pytest.mark.parametrize("arch, a, reason", [
+    ("sm90", dict(), "V4.1 kernels are SM100-only in this wheel"),
+    ("sm120", dict(), "V4.1 kernels are SM100-only in this wheel"),
+    ("sm100", dict(layout="mxfp8_v41_inline"), "layout mxfp8_v41_inline has inline pages; this flash_mla (API v41) "
+                                               "reads split V4.1 pages"),
+    ("sm100", dict(extra_layout="nvfp4_v41_inline"), "extra_layout nvfp4_v41_inline has inline pages"),
+    ("sm100", dict(pages=(64 * 528 + 16, None)), "kv_cache page width 33808 B is not a multiple of 512 B"),
+    ("sm100", dict(bs=24, pages=(None, None)), "kv_cache page width 12672 B is not a multiple of 512 B"),
+    ("sm100", dict(extra_bs=4), "extra_kv_cache page width 1152 B is not a multiple of 256 B"),
+])
+def test_flashmla_v41_declines_with_the_reason(flashmla_v41, arch, a, reason):
+    assert reason in _v41_decline(v41_decode_args(**a), arch)
+
+
+def test_flashmla_v41_needs_a_v41_release(monkeypatch):
+    """0615's interface (no fused-kernel module) reads no 528 / 288 B records; the inline generation
+    reads inline pages and no longer the 584 B record."""
+    from fakes import flashmla as fake_flashmla
+
+    import dsv4ops.backends.flashmla as adapter
+    fake_flashmla.install(monkeypatch)
+    assert "reads no V4.1 records" in _v41_decline(v41_decode_args(), "sm100")
+    monkeypatch.setattr(adapter, "api", lambda: "v41-inline")
+    assert _v41_decline(v41_decode_args("mxfp8_v41_inline", "nvfp4_v41_inline"), "sm100") is None
+    assert "reads inline V4.1 pages" in _v41_decline(v41_decode_args(), "sm100")
+    kw = make_case("sparse_mla_decode", T=1, H=8, topk=64, layout="fp8_ds_mla").build("cpu", 0)
+    call = dsv4ops.OPS["sparse_mla_decode"].validate_call(**kw).key
+    with dsv4ops.simulate_platform("cuda", "sm100"):
+        assert "dropped the V4 584 B record" in adapter.decode_records(dsv4ops.platform(), call)
 
 
 DEEPGEMM_GENERATIONS = ["2.8", "2.5", "legacy"]
@@ -479,6 +664,19 @@ def _record_flashmla(monkeypatch):
     return fake_flashmla.CALLED, calls
 
 
+def _record_flashmla_v41(monkeypatch):
+    """The V4.1 decode calls (split pages, each extra layout; SM100), against the 0924 fake."""
+    from fakes import flashmla as fake_flashmla
+
+    from dsv4ops.backends.flashmla.decode import sparse_mla_decode
+    calls = []
+    fake_flashmla.install(monkeypatch, wrap=_recording(calls), v41=True)
+    with reprobed(monkeypatch, "flashmla"), dsv4ops.simulate_platform("cuda", "sm100"):
+        for extra in ("nvfp4_v41", "mxfp8_v41", None):
+            sparse_mla_decode(v41_decode_args(extra_layout=extra))
+    return {p: f for p, f in fake_flashmla.CALLED.items() if p != "flash_mla:flash_mla_sparse_fwd"}, calls
+
+
 def _record_deepgemm(monkeypatch, generation):
     from fakes import deep_gemm as fake_deep_gemm
     calls = []
@@ -491,6 +689,7 @@ def _record_deepgemm(monkeypatch, generation):
 
 
 RECORDERS = {"aiter": _record_aiter, "flashinfer": _record_flashinfer, "flashmla": _record_flashmla,
+             "flashmla-v41": _record_flashmla_v41,
              **{f"deepgemm-{g}": functools.partial(_record_deepgemm, generation=g) for g in DEEPGEMM_GENERATIONS}}
 
 

@@ -14,6 +14,8 @@ import zipfile
 import pytest
 
 from dsv4ops.backends.deepgemm import api_generation
+from dsv4ops.backends.flashmla import V41_PAGES
+from dsv4ops.backends.flashmla import api_generation as flashmla_generation
 
 from test_vendor_contracts import RECORDERS, source_signature
 
@@ -37,7 +39,9 @@ def _recorders(package: str, declared: dict) -> list[str]:
     """The RECORDERS whose calls must fit this release: for DeepGEMM the generation the adapter picks
     from these declarations, plus the legacy names where the release still declares them."""
     if package == "flash_mla":
-        return ["flashmla"]
+        generation = flashmla_generation(tuple(declared["flash_mla_with_kvcache"].parameters),
+                                         "permute_q_b_proj" in declared)   # a function of the fused-kernel module
+        return ["flashmla"] + (["flashmla-v41"] if generation in V41_PAGES else [])
     fp8_fp4 = declared.get("fp8_fp4_mqa_logits")
     generation = api_generation(None if fp8_fp4 is None else tuple(fp8_fp4.parameters), "fp8_mqa_logits" in declared)
     if generation is None:
@@ -87,6 +91,17 @@ def test_adapter_calls_bind_to_wheel_declarations(monkeypatch, wheel):
     if wheel is None:
         pytest.skip("no vendor wheel in $DSV4OPS_VENDOR_WHEELS (CI's drift step downloads them)")
     assert drift(monkeypatch, wheel) == []
+
+
+def test_flashmla_wheels_pick_their_generation():
+    """FlashMLA wheels: 1.0.0.post20260924 (the fused-kernel module) gets the V4.1 calls checked too,
+    the earlier ones the V4 calls only."""
+    wheels = [w for w in _downloaded() if w.name.startswith("tokenspeed_flashmla")]
+    if not wheels:
+        pytest.skip("no FlashMLA wheel in $DSV4OPS_VENDOR_WHEELS (CI's drift step downloads them)")
+    for wheel in wheels:
+        v41 = wheel.name.split("-")[1] >= "1.0.0.post20260924"
+        assert _recorders("flash_mla", wheel_declarations(wheel, "flash_mla")) == ["flashmla"] + ["flashmla-v41"] * v41
 
 
 def _plant(wheel: pathlib.Path, folder: pathlib.Path, old: str, new: str) -> pathlib.Path:

@@ -1,14 +1,15 @@
 """dsv4ops sparse_mla_decode -> flash_mla.flash_mla_with_kvcache (MODEL1 sparse decode).
 
-The adapter pads heads to 64/128 (no copy when H already is), views the fp8_ds_mla cache as the
-``[num_blocks, block_size, 1, 584]`` tensor FlashMLA expects (page stride kept), adds the s_q = 1
+The adapter pads heads to 64/128 (no copy when H already is), views each cache as the
+``[num_blocks, block_size, 1, token_bytes]`` tensor FlashMLA expects (584 B fp8_ds_mla, 528 B
+mxfp8_v41*, 288 B nvfp4_v41*; FlashMLA picks the record from the last dimension; the page pitch,
+``kv_cache.stride(0)``, is kept, so padded and unpadded pages both pass), adds the s_q = 1
 axis, and builds a fresh scheduler object per call (FlashMLA may reuse one only while shapes and
 length tensors are unchanged)."""
 from __future__ import annotations
 
 import torch
 
-from dsv4ops import formats
 from dsv4ops.backend_support import decode_output, dense, pad_heads
 
 
@@ -16,10 +17,11 @@ def padded_heads(H: int) -> int:
     return 64 if H <= 64 else 128
 
 
-def cache_view(cache: torch.Tensor, block_size: int) -> torch.Tensor:
-    """uint8 [num_blocks, page_bytes] -> [num_blocks, block_size, 1, 584] over the same bytes."""
-    return cache[:, : block_size * formats.DS_MLA_TOKEN_BYTES].view(cache.shape[0], block_size, 1,
-                                                                     formats.DS_MLA_TOKEN_BYTES)
+def cache_view(cache: torch.Tensor, block_size: int, layout) -> torch.Tensor:
+    """uint8 [num_blocks, page_bytes] -> [num_blocks, block_size, 1, layout.token_bytes] over the same
+    bytes (stride(0) kept)."""
+    row = layout.token_bytes
+    return cache[:, : block_size * row].view(cache.shape[0], block_size, 1, row)
 
 
 def sparse_mla_decode(a):
@@ -32,12 +34,12 @@ def sparse_mla_decode(a):
     q_p, sink_p = pad_heads(a.q, a.attn_sink, Hp)
     extra = {}
     if a.extra_kv_cache is not None:
-        extra = dict(extra_k_cache=cache_view(a.extra_kv_cache, a.extra_block_size),
+        extra = dict(extra_k_cache=cache_view(a.extra_kv_cache, a.extra_block_size, a.extra_layout),
                      extra_indices_in_kvcache=dense(a.extra_indices).unsqueeze(1),
                      extra_topk_length=dense(a.extra_topk_lens))
     sched, _ = flash_mla.get_mla_metadata()
     o, lse = flash_mla.flash_mla_with_kvcache(
-        q_p.unsqueeze(1), cache_view(a.kv_cache, a.block_size), None, None, head_dim_v=512,
+        q_p.unsqueeze(1), cache_view(a.kv_cache, a.block_size, a.layout), None, None, head_dim_v=512,
         tile_scheduler_metadata=sched, num_splits=None, softmax_scale=a.softmax_scale, causal=False,
         is_fp8_kvcache=True, indices=dense(a.indices).unsqueeze(1), attn_sink=sink_p, topk_length=dense(a.topk_lens),
         **extra)
