@@ -1,0 +1,76 @@
+"""The JIT compile monitor (dsv4ops/jit_monitor.py): modes, the setting, and Triton's hook chaining.
+
+A real compile needs a GPU, so Triton's ``jit_cache_hook`` is called here as Triton calls it."""
+from types import SimpleNamespace
+
+import pytest
+
+from dsv4ops import jit_monitor, settings
+from dsv4ops.errors import ConfigError
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    monkeypatch.delenv("DSV4OPS_JIT_MONITOR", raising=False)
+    settings.reload()
+    jit_monitor.clear()
+    yield
+    jit_monitor.set_mode(None)
+    jit_monitor.clear()
+    monkeypatch.delenv("DSV4OPS_JIT_MONITOR", raising=False)
+    settings.reload()
+
+
+def _compile(module="dsv4ops.backends.triton.mqa_logits", name="_mqa_logits_kernel", key="key(i32,BLOCK=64)"):
+    """Call the hook the way Triton 3.6 to 3.9 do before a compile."""
+    return jit_monitor._cache_hook(key=key, repr=name, fn=SimpleNamespace(module=module, name=name, jit_function=None),
+                                   compile={"key": key}, is_manual_warmup=False, already_compiled=False)
+
+
+def test_off_by_default_records_nothing():
+    assert jit_monitor.mode() == "off"
+    assert _compile() is None
+    assert jit_monitor.compiles() == []
+
+
+def test_warn_names_op_backend_and_variant():
+    jit_monitor.set_mode("warn")
+    with pytest.warns(jit_monitor.JitCompileWarning, match=r"mqa_logits \(triton\).*_mqa_logits_kernel.*BLOCK=64"):
+        _compile()
+    [event] = jit_monitor.compiles()
+    assert (event.op, event.backend, event.variant) == ("mqa_logits", "triton", "key(i32,BLOCK=64)")
+
+
+def test_error_from_the_environment(monkeypatch):
+    monkeypatch.setenv("DSV4OPS_JIT_MONITOR", "error")
+    settings.reload()
+    with pytest.raises(jit_monitor.JitCompileError, match="paged_mqa_topk"):
+        _compile(module="dsv4ops.backends.triton.paged_mqa_topk")
+
+
+def test_count_records_silently_and_ignores_other_kernels(recwarn):
+    jit_monitor.set_mode("count")
+    _compile()
+    _compile(module="someone_else.kernels")
+    assert [e.op for e in jit_monitor.compiles()] == ["mqa_logits"]
+    assert not recwarn.list
+
+
+def test_bad_modes_are_config_errors(monkeypatch):
+    with pytest.raises(ConfigError, match="jit monitor mode"):
+        jit_monitor.set_mode("loud")
+    monkeypatch.setenv("DSV4OPS_JIT_MONITOR", "loud")
+    with pytest.raises(ConfigError, match="DSV4OPS_JIT_MONITOR"):
+        settings.reload()
+
+
+def test_previous_hook_is_chained(monkeypatch):
+    pytest.importorskip("triton")
+    from triton import knobs
+
+    seen = []
+    monkeypatch.setattr(jit_monitor, "_previous_hook", lambda **kw: seen.append(kw["key"]) or True)
+    jit_monitor.set_mode("count")
+    assert _compile(key="k1") is True              # the previous hook's answer (skip the compile) is kept
+    assert seen == ["k1"] and len(jit_monitor.compiles()) == 1
+    assert jit_monitor.install() and knobs.runtime.jit_cache_hook is jit_monitor._cache_hook
