@@ -74,3 +74,48 @@ def test_previous_hook_is_chained(monkeypatch):
     assert _compile(key="k1") is True              # the previous hook's answer (skip the compile) is kept
     assert seen == ["k1"] and len(jit_monitor.compiles()) == 1
     assert jit_monitor.install() and knobs.runtime.jit_cache_hook is jit_monitor._cache_hook
+
+
+# A real compile, for sm90 on this CPU (tests/compile_only.py's driver): the hook sees each new
+# variant once, names the op, and stays quiet when the same variant runs again.
+REAL_COMPILE = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import compile_only
+from triton.runtime import driver
+from triton.runtime.jit import JITFunction
+driver.set_active(compile_only.CompileOnlyDriver(compile_only.TARGETS["cuda:sm90"]))
+launch = JITFunction.run
+JITFunction.run = lambda self, *args, grid, warmup, **kwargs: launch(self, *args, grid=grid, warmup=True, **kwargs)
+import dsv4ops
+from dsv4ops import jit_monitor, registry
+from dsv4ops.conformance.cases import cases
+from dsv4ops.ops import OPS
+op = "inv_rope_fp8_quant"
+triton = registry.get_backend("triton")
+triton.implementations[op][0].fn
+jit_monitor.set_mode("count")
+with dsv4ops.simulate_platform("cuda", "sm90") as plat:
+    calls = [OPS[op].validate_call(**case.build("cpu", 0)) for case in cases(op, "quick")]
+    run = [(compile_only.accepting(triton.implementations[op], plat, c.key).bound(plat), c.args) for c in calls]
+    for fn, args in run:
+        fn(args)
+    first = jit_monitor.compiles()
+    assert first and {(e.op, e.backend) for e in first} == {(op, "triton")}, first
+    jit_monitor.set_mode("error")
+    for fn, args in run:                            # every variant is cached now: no error
+        fn(args)
+    assert jit_monitor.compiles() == first, "a variant compiled twice"
+print("OK", first[0])
+"""
+
+
+@pytest.mark.slow
+def test_a_real_compile_is_seen_once():
+    pytest.importorskip("triton")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("TRITON_INTERPRET", "DSV4OPS_JIT_MONITOR")}
+    result = __import__("subprocess").run([__import__("sys").executable, "-c", REAL_COMPILE,
+                                           str(__import__("pathlib").Path(__file__).parent)],
+                                          capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "OK inv_rope_fp8_quant (triton)" in result.stdout
