@@ -1,6 +1,10 @@
 """The JIT compile monitor (dsv4ops/jit_monitor.py): modes, the setting, and Triton's hook chaining.
 
 A real compile needs a GPU, so Triton's ``jit_cache_hook`` is called here as Triton calls it."""
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -113,9 +117,8 @@ print("OK", first[0])
 @pytest.mark.slow
 def test_a_real_compile_is_seen_once():
     pytest.importorskip("triton")
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("TRITON_INTERPRET", "DSV4OPS_JIT_MONITOR")}
-    result = __import__("subprocess").run([__import__("sys").executable, "-c", REAL_COMPILE,
-                                           str(__import__("pathlib").Path(__file__).parent)],
-                                          capture_output=True, text=True, env=env, timeout=600)
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DSV4OPS_JIT_MONITOR")}
+    result = subprocess.run([sys.executable, "-c", REAL_COMPILE, str(Path(__file__).parent)],
+                            capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "OK inv_rope_fp8_quant (triton)" in result.stdout
