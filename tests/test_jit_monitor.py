@@ -119,6 +119,6 @@ def test_a_real_compile_is_seen_once():
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DSV4OPS_JIT_MONITOR")}
     result = subprocess.run([sys.executable, "-c", REAL_COMPILE, str(Path(__file__).parent)],
-                            capture_output=True, text=True, env=env, timeout=600)
+                            capture_output=True, text=True, env=env, timeout=600, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "OK inv_rope_fp8_quant (triton)" in result.stdout
