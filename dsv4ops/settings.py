@@ -22,10 +22,12 @@ VARIABLES = {
     "DSV4OPS_TRITON_TUNING": "Triton tunables over the platform's table, 'decode_block_h=64,...'",
     "DSV4OPS_TUNING_TABLE": "a selection table written by `dsv4ops tune`, consulted before priorities",
     "DSV4OPS_VERIFY": "re-run a sampled fraction of calls on the reference (docs/verify.md)",
+    "DSV4OPS_JIT_MONITOR": "off|warn|error: report a Triton compile of a dsv4ops kernel (after warm-up)",
 }
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 VERIFY_ACTIONS = ("log", "raise")
+JIT_MONITOR_MODES = ("off", "warn", "error")
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class Settings:
     triton_tuning: str = ""
     tuning_table: str = ""
     verify: VerifyConfig = VerifyConfig()
+    jit_monitor: str = "off"
 
 
 def parse_flag(name: str, value: str) -> bool:
@@ -86,6 +89,14 @@ def parse_flag(name: str, value: str) -> bool:
     if value in _FALSE:
         return False
     raise ConfigError(f"{name}={value!r}: expected one of {', '.join(v for v in _TRUE + _FALSE if v)}")
+
+
+def parse_jit_monitor(value: str) -> str:
+    """``DSV4OPS_JIT_MONITOR``: one of JIT_MONITOR_MODES (``""``: off)."""
+    mode = value.strip().lower() or "off"
+    if mode not in JIT_MONITOR_MODES:
+        raise ConfigError(f"DSV4OPS_JIT_MONITOR={value!r}: expected one of {', '.join(JIT_MONITOR_MODES)}")
+    return mode
 
 
 def read_environment() -> Settings:
@@ -98,6 +109,7 @@ def read_environment() -> Settings:
         triton_tuning=env.get("DSV4OPS_TRITON_TUNING", "").strip(),
         tuning_table=env.get("DSV4OPS_TUNING_TABLE", "").strip(),
         verify=parse_verify(env.get("DSV4OPS_VERIFY", "").strip()),
+        jit_monitor=parse_jit_monitor(env.get("DSV4OPS_JIT_MONITOR", "")),
     )
 
 

@@ -7,6 +7,7 @@ encoded with integer operations, bf16 / fp16 dots: NVIDIA sm80 / sm86, AMD witho
 ``DSV4OPS_TRITON_TUNING=fp8_path=soft`` (or ``hw``) forces a path (tuning.py)."""
 import torch
 
+from dsv4ops import jit_monitor
 from dsv4ops.backend_support import all_of, import_probe, triton_interpreter_enabled
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
@@ -17,8 +18,11 @@ _import_triton = import_probe("triton", '"dsv4ops[triton]"')
 
 
 def probe() -> str | None:
-    """Triton imports; under TRITON_INTERPRET=1 its interpreter gets our fixes (interpreter.py)."""
+    """Triton imports; under TRITON_INTERPRET=1 its interpreter gets our fixes (interpreter.py).
+    The JIT compile monitor (dsv4ops/jit_monitor.py) hooks into it here; it reports only when on."""
     reason = _import_triton()
+    if reason is None:
+        jit_monitor.install()
     if reason is None and triton_interpreter_enabled():
         from .interpreter import patch_triton_interpreter
 
