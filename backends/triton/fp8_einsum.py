@@ -4,7 +4,7 @@ strides) and both scale tensors (all strides) are read through their strides.
 
 With ``einsum_tma`` the fp8 tiles are loaded through host-built tensor descriptors (TMA on Hopper)
 when the operands' addresses and strides allow it, pointer loads otherwise. The software fp8 path
-first decodes both operands' bytes once per call (``_decode_kernel``) to fp16 holding value * 2**-8
+first decodes both operands' bytes once per call (``e4m3_decode``) to fp16 holding value * 2**-8
 (exact) in a workspace of 2 bytes per element of ``a`` and ``b`` (2 * (B*H*R + H*D*R) bytes, freed on
 return), so no tile is decoded once per program that reads it; it then runs fp16 dots through pointer
 loads and scales the accumulator by 2**16 at the end."""
@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .common import e4m3_as_f16, fp8_bytes
+from .common import e4m3_decode
 from .tuning import Target
 
 
@@ -59,7 +59,7 @@ def _fp8_einsum_kernel(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, D, R,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, FP8_SOFT: tl.constexpr):
     """Output tile (row block, column block) of group ``h`` per program (grid: row blocks, column
     blocks, groups). ``a_src`` / ``b_src``: the fp8 tensors, with FP8_SOFT their fp16 * 2**-8 decodes
-    (``_decode``), read by pointer loads, or with ``TMA``
+    (``e4m3_decode``), read by pointer loads, or with ``TMA``
     descriptors over ``a`` as [H, B, R] (block [1, BLOCK_M, 128]) and ``b`` as [H, D, R] (block
     [1, BLOCK_N, 128])."""
     h = tl.program_id(2)
@@ -89,29 +89,6 @@ def _fp8_einsum_kernel(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, D, R,
     tl.store(out, acc.to(d_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-@triton.jit
-def _decode_kernel(src, dst, R, stride_s0, stride_s1, BLOCK: tl.constexpr):
-    """Row (i, j) of an e4m3 byte tensor [N0, N1, R] (strides ``stride_s0``, ``stride_s1``, 1), K block
-    ``program_id(2)``, into the contiguous fp16 [N0, N1, R] ``dst`` as value * 2**-8 (grid: N0, N1,
-    K blocks)."""
-    i = tl.program_id(0).to(tl.int64)
-    j = tl.program_id(1).to(tl.int64)
-    k = tl.program_id(2) * BLOCK + tl.arange(0, BLOCK)
-    ok = k < R
-    x = tl.load(src + i * stride_s0 + j * stride_s1 + k, mask=ok)
-    tl.store(dst + (i * tl.num_programs(1) + j) * R + k, e4m3_as_f16(x), mask=ok)
-
-
-def _decode(t: torch.Tensor) -> torch.Tensor:
-    """e4m3 [N0, N1, R] (last stride 1) -> contiguous fp16 [N0, N1, R] holding value * 2**-8."""
-    N0, N1, R = t.shape
-    out = torch.empty(N0, N1, R, dtype=torch.float16, device=t.device)
-    if out.numel():
-        _decode_kernel[(N0, N1, triton.cdiv(R, 1024))](fp8_bytes(t, True), out, R, t.stride(0), t.stride(1),
-                                                        BLOCK=1024)
-    return out
-
-
 def _descriptors(a, b, block_m, block_n):
     """TMA descriptors for ``a`` [B, H, R] (as [H, B, R]) and ``b`` [H, D, R], or None when TMA
     cannot address them: bases and strides must be 16-byte multiples (fp8: 16 elements), boxes at
@@ -135,7 +112,7 @@ def fp8_einsum(target: Target, args):
     tune = target.tuning
     BM, BN = tune.einsum_block_m, tune.einsum_block_n
     soft = target.fp8_soft
-    a, b = (_decode(args.a), _decode(args.b)) if soft else (args.a, args.b)
+    a, b = (e4m3_decode(args.a), e4m3_decode(args.b)) if soft else (args.a, args.b)
     descs = _descriptors(a, b, BM, BN) if tune.einsum_tma and not soft else None
     a_src, b_src = descs or (a, b)
     grid = (triton.cdiv(B, BM), triton.cdiv(D, BN), H)
