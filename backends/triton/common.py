@@ -89,6 +89,29 @@ def fp8_bytes(t: torch.Tensor, soft: bool) -> torch.Tensor:
     return t.view(torch.uint8) if soft and t.dtype == torch.float8_e4m3fn else t
 
 
+@triton.jit
+def _e4m3_decode_kernel(src, dst, N1, R, stride_s0, stride_s1, BLOCK: tl.constexpr):
+    """Row ``program_id(0)`` = i * N1 + j of an e4m3 byte tensor [N0, N1, R] (strides ``stride_s0``,
+    ``stride_s1``, 1), K block ``program_id(1)``, into the contiguous fp16 [N0, N1, R] ``dst`` as
+    value * 2**-8 (grid: N0 * N1, K blocks)."""
+    row = tl.program_id(0).to(tl.int64)
+    k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = k < R
+    x = tl.load(src + (row // N1) * stride_s0 + (row % N1) * stride_s1 + k, mask=ok)
+    tl.store(dst + row * R + k, e4m3_as_f16(x), mask=ok)
+
+
+def e4m3_decode(t: torch.Tensor) -> torch.Tensor:
+    """e4m3 [N0, N1, R] (last stride 1) -> contiguous fp16 [N0, N1, R] holding value * 2**-8: the
+    software fp8 path's one decode per call of an operand that many programs read."""
+    N0, N1, R = t.shape
+    out = torch.empty(N0, N1, R, dtype=torch.float16, device=t.device)
+    if out.numel():
+        _e4m3_decode_kernel[(N0 * N1, triton.cdiv(R, 1024))](fp8_bytes(t, True), out, N1, R, t.stride(0),
+                                                               t.stride(1), BLOCK=1024)
+    return out
+
+
 def scalar_arg(x) -> tuple[object, bool]:
     """(argument, is_pointer) for a scale given as a float or a 1-element fp32 tensor."""
     if isinstance(x, torch.Tensor):

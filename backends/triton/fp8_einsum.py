@@ -4,8 +4,10 @@ strides) and both scale tensors (all strides) are read through their strides.
 
 With ``einsum_tma`` the fp8 tiles are loaded through host-built tensor descriptors (TMA on Hopper)
 when the operands' addresses and strides allow it, pointer loads otherwise. The software fp8 path
-decodes the tiles' bytes to fp16 holding value * 2**-8 (exact), runs fp16 dots and scales the
-accumulator by 2**16 at the end."""
+first decodes both operands' bytes once per call (``e4m3_decode``) to fp16 holding value * 2**-8
+(exact) in a workspace of 2 bytes per element of ``a`` and ``b`` (2 * (B*H*R + H*D*R) bytes, freed on
+return), so no tile is decoded once per program that reads it; it then runs fp16 dots through pointer
+loads and scales the accumulator by 2**16 at the end."""
 from __future__ import annotations
 
 import torch
@@ -13,17 +15,17 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .common import e4m3_as_f16, fp8_bytes
+from .common import e4m3_decode
 from .tuning import Target
 
 
 @triton.jit
 def _operands(a_src, b_src, sa_rows, sb_base, a_rows, b_rows, row_ok, col_ok, cols, h, m0, n0, kb, stride_sar,
               stride_sbn, stride_sbr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-              FP8_SOFT: tl.constexpr):
-    """K step ``kb``: the fp8 tiles a [BLOCK_M, 128] and b [BLOCK_N, 128] (with FP8_SOFT decoded from
-    their bytes to fp16 * 2**-8), the row scales [BLOCK_M] and the column scales: [BLOCK_N], or one
-    scalar when BLOCK_N <= 128 (one weight block)."""
+              ):
+    """K step ``kb``: the tiles a [BLOCK_M, 128] and b [BLOCK_N, 128] (fp8, or with FP8_SOFT the
+    decoded fp16 * 2**-8), the row scales [BLOCK_M] and the column scales: [BLOCK_N], or one scalar
+    when BLOCK_N <= 128 (one weight block)."""
     if TMA:
         a = a_src.load([h, m0, kb * 128]).reshape(BLOCK_M, 128)
         b = b_src.load([h, n0, kb * 128]).reshape(BLOCK_N, 128)
@@ -31,9 +33,6 @@ def _operands(a_src, b_src, sa_rows, sb_base, a_rows, b_rows, row_ok, col_ok, co
         kk = tl.arange(0, 128)
         a = tl.load(a_rows + kb * 128 + kk[None, :], mask=row_ok[:, None], other=0.0)
         b = tl.load(b_rows + kb * 128 + kk[None, :], mask=col_ok[:, None], other=0.0)
-    if FP8_SOFT:
-        a = e4m3_as_f16(a)
-        b = e4m3_as_f16(b)
     sa = tl.load(sa_rows + kb * stride_sar, mask=row_ok, other=0.0)
     if BLOCK_N <= 128:
         sb = tl.load(sb_base + (n0 // 128) * stride_sbn + kb * stride_sbr)
@@ -59,7 +58,8 @@ def _fp8_einsum_kernel(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, D, R,
                        stride_sbh, stride_sbn, stride_sbr, stride_db, stride_dh,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, FP8_SOFT: tl.constexpr):
     """Output tile (row block, column block) of group ``h`` per program (grid: row blocks, column
-    blocks, groups). ``a_src`` / ``b_src``: the fp8 tensors (pointer loads), or with ``TMA``
+    blocks, groups). ``a_src`` / ``b_src``: the fp8 tensors, with FP8_SOFT their fp16 * 2**-8 decodes
+    (``e4m3_decode``), read by pointer loads, or with ``TMA``
     descriptors over ``a`` as [H, B, R] (block [1, BLOCK_M, 128]) and ``b`` as [H, D, R] (block
     [1, BLOCK_N, 128])."""
     h = tl.program_id(2)
@@ -81,7 +81,7 @@ def _fp8_einsum_kernel(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, D, R,
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for kb in range(0, R // 128):
         a, b, sa, sb = _operands(a_src, b_src, sa_rows, sb_base, a_rows, b_rows, row_ok, col_ok, cols, h, m0, n0, kb,
-                                 stride_sar, stride_sbn, stride_sbr, BLOCK_M, BLOCK_N, TMA, FP8_SOFT)
+                                 stride_sar, stride_sbn, stride_sbr, BLOCK_M, BLOCK_N, TMA)
         acc += _scaled(tl.dot(a, tl.trans(b)), sa, sb, BLOCK_N)
     if FP8_SOFT:
         acc = acc * 65536.0
@@ -111,12 +111,13 @@ def fp8_einsum(target: Target, args):
         return out
     tune = target.tuning
     BM, BN = tune.einsum_block_m, tune.einsum_block_n
-    a, b = fp8_bytes(args.a, target.fp8_soft), fp8_bytes(args.b, target.fp8_soft)
-    descs = _descriptors(a, b, BM, BN) if tune.einsum_tma else None
+    soft = target.fp8_soft
+    a, b = (e4m3_decode(args.a), e4m3_decode(args.b)) if soft else (args.a, args.b)
+    descs = _descriptors(a, b, BM, BN) if tune.einsum_tma and not soft else None
     a_src, b_src = descs or (a, b)
     grid = (triton.cdiv(B, BM), triton.cdiv(D, BN), H)
     _fp8_einsum_kernel[grid](
-        a_src, args.a_scale, b_src, args.b_scale, out, B, D, R, args.a.stride(0), args.a.stride(1),
+        a_src, args.a_scale, b_src, args.b_scale, out, B, D, R, a.stride(0), a.stride(1),
         *args.a_scale.stride(), *args.b_scale.stride(), out.stride(0), out.stride(1),
         BLOCK_M=BM, BLOCK_N=BN, TMA=descs is not None, FP8_SOFT=target.fp8_soft,
         num_warps=tune.einsum_warps, num_stages=tune.einsum_stages,

@@ -5,14 +5,15 @@ pipelined loop), scoring each tile against every (row, head) with one tl.dot who
 heads, so the sum over heads stays within each key's row of the product. With ``clean`` the rest of
 the chunk is filled with -inf. The fp8 flavour is the inputs' dtype (OCP ``float8_e4m3fn`` or FNUZ
 ``float8_e4m3fnuz``): the kernel is specialised on it. The software fp8 path (OCP only) decodes keys
-and queries to fp16 holding value * 2**-8 (exact) and scales the logits by 2**16."""
+and queries once per call (``e4m3_decode``; a workspace of 2 bytes per element of q and k) to fp16
+holding value * 2**-8 (exact), which the kernel reads, and scales the logits by 2**16."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from .common import e4m3_as_f16, fp8_bytes
+from .common import e4m3_decode
 from .tuning import Target
 
 
@@ -53,15 +54,11 @@ def _mqa_logits_kernel(q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, 
         live_r = (head < H) & (row < T)
         d = tl.arange(0, 128)
         q = tl.load(q_ptr + (row * H + head)[:, None] * 128 + d[None, :], mask=live_r[:, None], other=0.0)
-        if FP8_SOFT:
-            q = e4m3_as_f16(q)
         w = tl.load(w_ptr + row * stride_w0 + head * stride_w1, mask=live_r, other=0.0)
         for s0 in tl.range(start, stop, BLOCK_S, num_stages=STAGES):
             s = s0 + tl.arange(0, BLOCK_S)
             live_s = s < c1
             keys = tl.load(k_ptr + s.to(tl.int64)[:, None] * 128 + d[None, :], mask=live_s[:, None], other=0.0)
-            if FP8_SOFT:
-                keys = e4m3_as_f16(keys)
             scale = tl.load(scale_ptr + s, mask=live_s, other=0.0)
             scores = tl.dot(keys, tl.trans(q)) * scale[:, None]                   # [BLOCK_S, rows x heads]
             weighted = tl.reshape(tl.maximum(scores, 0.0) * w[None, :], (BLOCK_S, BLOCK_Q, H_PAD))
@@ -85,7 +82,7 @@ def mqa_logits(target: Target, a):
     tune = target.tuning
     grid = (triton.cdiv(T, tune.mqa_block_q) * triton.cdiv(S, tune.mqa_chunk_s),)
     _mqa_logits_kernel[grid](
-        fp8_bytes(a.q, target.fp8_soft), fp8_bytes(a.k, target.fp8_soft), a.k_scale, a.weights, a.ks, a.ke, out, T,
+        *((e4m3_decode(a.q), e4m3_decode(a.k[None])[0]) if target.fp8_soft else (a.q, a.k)), a.k_scale, a.weights, a.ks, a.ke, out, T,
         S, H, a.weights.stride(0), a.weights.stride(1),
         a.ks.stride(0), a.ke.stride(0), CLEAN=a.clean, BLOCK_Q=tune.mqa_block_q, H_PAD=max(16, triton.next_power_of_2(H)),
         BLOCK_S=tune.mqa_block_s, CHUNK=tune.mqa_chunk_s, STAGES=tune.mqa_stages, FP8_SOFT=target.fp8_soft,

@@ -2,15 +2,16 @@
 fp8 keys once and scores them against each MTP row's heads with one tl.dot per row, keys as the
 tall operand (``[BLOCK_T, 128] x [128, H]``): the weighted sum over heads then runs along the
 product's columns, inside each warp, with no exchange through shared memory. Any next_n. weights,
-context_lens and block_table are read through their strides. The software fp8 path decodes keys and
-queries to fp16 holding value * 2**-8 (exact) and scales the logits by 2**16."""
+context_lens and block_table are read through their strides. The software fp8 path decodes the
+queries to fp16 holding value * 2**-8 (exact) once per call (``e4m3_decode``, 2 bytes per query
+element), the keys likewise per program, and scales the logits by 2**16."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from .common import e4m3_as_f16, fp8_bytes
+from .common import e4m3_as_f16, e4m3_decode
 from .tuning import Target
 
 
@@ -50,8 +51,6 @@ def _paged_mqa_logits_kernel(q_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_p
         for j in range(next_n):
             row = b * next_n + j
             q = tl.load(q_ptr + (row * H + h)[:, None] * 128 + d[None, :], mask=(h < H)[:, None], other=0.0)
-            if FP8_SOFT:
-                q = e4m3_as_f16(q)
             s = tl.dot(keys, tl.trans(q)) * scale[:, None]                     # [BLOCK_T, H_PAD]
             w = tl.load(w_ptr + row * stride_w0 + h.to(tl.int64) * stride_w1, mask=h < H, other=0.0)
             logits = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
@@ -82,7 +81,7 @@ def paged_mqa_logits(target: Target, a):
     lens = a.context_lens
     grid = (B, triton.cdiv(a.max_context_len, BLOCK_T))
     _paged_mqa_logits_kernel[grid](
-        fp8_bytes(a.q, target.fp8_soft), a.kv_cache, a.weights, lens, a.block_table, out, H, next_n,
+        e4m3_decode(a.q.view(-1, H, 128)) if target.fp8_soft else a.q, a.kv_cache, a.weights, lens, a.block_table, out, H, next_n,
         a.kv_cache.shape[1], a.max_context_len,
         a.weights.stride(0), a.weights.stride(1), lens.stride(0), lens.stride(-1), a.block_table.stride(0),
         a.block_table.stride(1), LENS_2D=lens.dim() == 2, CLEAN=a.clean, NEXT_N_PAD=next_pad,
