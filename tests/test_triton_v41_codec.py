@@ -9,9 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
-import dsv4ops.backends.triton  # noqa: F401  (the interpreter fixes)
 from dsv4ops import formats, quant
 from dsv4ops.backends.triton import common as c
+from dsv4ops.backends.triton.interpreter import patch_triton_interpreter
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
 
@@ -74,6 +74,7 @@ def _rows(seed: int) -> torch.Tensor:
 def test_record_codec_matches_reference(name, soft, request):
     if soft:
         request.getfixturevalue("no_fp8_types")
+    assert patch_triton_interpreter()
     layout = formats.LAYOUTS[name]
     nvfp4 = layout.kind == formats.Layout.NVFP4
     x = _rows(seed=len(name) + soft)
