@@ -104,7 +104,7 @@ def implements_both_paths(op: str, supports) -> None:
     BACKEND.implements(op, target_fn, name="triton (fp8 in software)", supports=all_of(supports, fp8_in_software))
 
 
-implements_both_paths("qnorm_rope_kv_insert", all_of(runs_here, v4_layouts_only, fp8_flavour_matches))
+implements_both_paths("qnorm_rope_kv_insert", all_of(runs_here, fp8_flavour_matches))
 implements_both_paths("sparse_mla_decode", all_of(runs_here, v4_layouts_only, fp8_flavour_matches, bf16_tensor_cores))
 implements_both_paths("sparse_mla_prefill", all_of(runs_here, v4_layouts_only, fp8_flavour_matches, bf16_tensor_cores))
 

@@ -96,16 +96,16 @@ def e4m3_byte_to_f32(byte, SOFT: tl.constexpr):
 # one UE8M0 byte per 32 values, NVFP4 packs two e2m1 codes a byte and one e4m3 byte per 16 values.
 
 @triton.jit
-def v41_record_offsets(slot, BLOCK_SIZE: tl.constexpr, TOKEN_BYTES: tl.constexpr,
-                       DATA_BYTES: tl.constexpr, INLINE: tl.constexpr):
-    """Byte offsets in its page of the values and of the scales of the token in ``slot``: inline
-    pages hold records back to back, split pages ``BLOCK_SIZE`` value rows then the scale rows."""
+def v41_record_offsets(slot, block_size, TOKEN_BYTES: tl.constexpr, DATA_BYTES: tl.constexpr,
+                       INLINE: tl.constexpr):
+    """Byte offsets in its page of the values and of the scales of the token in page slot ``slot``:
+    inline pages hold records back to back, split pages ``block_size`` value rows then the scale rows."""
     if INLINE:
         data = slot * TOKEN_BYTES
         scales = data + DATA_BYTES
     else:
         data = slot * DATA_BYTES
-        scales = BLOCK_SIZE * DATA_BYTES + slot * (TOKEN_BYTES - DATA_BYTES)
+        scales = block_size * DATA_BYTES + slot * (TOKEN_BYTES - DATA_BYTES)
     return data, scales
 
 
