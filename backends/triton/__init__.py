@@ -88,7 +88,7 @@ def bf16_tensor_cores(plat: Platform, call) -> str | None:
 
 
 def v4_layouts_only(plat: Platform, call) -> str | None:
-    """The DeepSeek-V4.1 caches (docs/ops.md §6) have no Triton kernel yet."""
+    """The DeepSeek-V4.1 caches (docs/ops.md §6) have no Triton attention kernel yet (its writers have)."""
     for name in ("layout", "extra_layout"):
         layout = call.get(name)
         if layout is not None and layout.is_v41:
