@@ -40,3 +40,26 @@ def validations(monkeypatch):
 def gen():
     return torch.Generator().manual_seed(1234)
 
+
+FP8_TYPES = ("fp8e4nv", "fp8e4b8", "fp8e4b15", "fp8e5", "fp8e5b16")
+
+
+@pytest.fixture
+def no_fp8_types(monkeypatch):
+    """The interpreter refuses every fp8 conversion and bitcast: what runs is the integer path."""
+    from triton.runtime import interpreter
+
+    convert = interpreter._convert_float
+
+    def guarded_convert(data, src, dst, rounding):
+        assert src.name not in FP8_TYPES and dst.name not in FP8_TYPES, f"fp8 conversion {src} -> {dst}"
+        return convert(data, src, dst, rounding)
+
+    bitcast = interpreter.InterpreterBuilder.create_bitcast
+
+    def guarded_bitcast(self, src, dst_type):
+        assert dst_type.scalar.name not in FP8_TYPES, f"bitcast to {dst_type}"
+        return bitcast(self, src, dst_type)
+
+    monkeypatch.setattr(interpreter, "_convert_float", guarded_convert)
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_bitcast", guarded_bitcast)

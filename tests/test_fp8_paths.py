@@ -15,7 +15,6 @@ TRITON = any(b.name == "triton" and b.available for b in dsv4ops.backends())
 pytestmark = pytest.mark.skipif(not TRITON, reason="Triton (or its interpreter) is not available")
 
 SOFT = "triton (fp8 in software)"
-FP8_TYPES = ("fp8e4nv", "fp8e4b8", "fp8e4b15", "fp8e5", "fp8e5b16")
 
 
 @pytest.mark.parametrize("plat,soft", [
@@ -60,27 +59,6 @@ def test_explain_names_the_path(op, env):
             assert decision.selected.name == SOFT
     env(DSV4OPS_TRITON_TUNING="fp8_path=soft")
     assert dsv4ops.explain(op, **kwargs).selected.name == SOFT
-
-
-@pytest.fixture
-def no_fp8_types(monkeypatch):
-    """The interpreter refuses every fp8 conversion and bitcast: what runs is the integer path."""
-    from triton.runtime import interpreter
-
-    convert = interpreter._convert_float
-
-    def guarded_convert(data, src, dst, rounding):
-        assert src.name not in FP8_TYPES and dst.name not in FP8_TYPES, f"fp8 conversion {src} -> {dst}"
-        return convert(data, src, dst, rounding)
-
-    bitcast = interpreter.InterpreterBuilder.create_bitcast
-
-    def guarded_bitcast(self, src, dst_type):
-        assert dst_type.scalar.name not in FP8_TYPES, f"bitcast to {dst_type}"
-        return bitcast(self, src, dst_type)
-
-    monkeypatch.setattr(interpreter, "_convert_float", guarded_convert)
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_bitcast", guarded_bitcast)
 
 
 QUICK = [case for op in OP_NAMES for case in cases(op, "quick")]

@@ -77,6 +77,114 @@ def to_e4m3(x, FP8_MAX: tl.constexpr, FNUZ: tl.constexpr, SOFT: tl.constexpr):
 
 
 @triton.jit
+def fp8_byte(y, SOFT: tl.constexpr):
+    """The uint8 byte of an e4m3 value from ``to_e4m3`` (the fp8 type bitcast, or already the byte)."""
+    if SOFT:
+        return y
+    return y.to(tl.uint8, bitcast=True)
+
+
+@triton.jit
+def e4m3_byte_to_f32(byte, SOFT: tl.constexpr):
+    """OCP e4m3 bytes (uint8) -> fp32: the fp8 type's conversion, or with SOFT ``e4m3_to_f32``."""
+    if SOFT:
+        return e4m3_to_f32(byte)
+    return byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+# DeepSeek-V4.1 token records (docs/ops.md §6.6): a row of 512 values is a tile [R, 512]; MXFP8 has
+# one UE8M0 byte per 32 values, NVFP4 packs two e2m1 codes a byte and one e4m3 byte per 16 values.
+
+@triton.jit
+def v41_record_offsets(slot, block_size, TOKEN_BYTES: tl.constexpr, DATA_BYTES: tl.constexpr,
+                       INLINE: tl.constexpr):
+    """Byte offsets in its page of the values and of the scales of the token in page slot ``slot``:
+    inline pages hold records back to back, split pages ``block_size`` value rows then the scale rows."""
+    if INLINE:
+        data = slot * TOKEN_BYTES
+        scales = data + DATA_BYTES
+    else:
+        data = slot * DATA_BYTES
+        scales = block_size * DATA_BYTES + slot * (TOKEN_BYTES - DATA_BYTES)
+    return data, scales
+
+
+@triton.jit
+def mxfp8_decode(values, scales, R: tl.constexpr, SOFT: tl.constexpr):
+    """MXFP8 record -> fp32 ``[R, 512]``: e4m3 bytes (uint8 ``[R, 512]``) times ``2**(byte - 127)``
+    of their UE8M0 byte (uint8 ``[R, 16]``, one per 32 values; 255 -> NaN)."""
+    v = tl.reshape(e4m3_byte_to_f32(values, SOFT), (R, 16, 32))
+    s = tl.where(scales == 255, float("nan"), ue8m0_decode(scales))
+    return tl.reshape(v * s[:, :, None], (R, 512))
+
+
+@triton.jit
+def mxfp8_encode(x, R: tl.constexpr, SOFT: tl.constexpr):
+    """fp32 ``[R, 512]`` -> (e4m3 bytes uint8 ``[R, 512]``, UE8M0 bytes uint8 ``[R, 16]``), the
+    bytes of ``quant.encode_mxfp8``: per 32 values ``e = ceil(log2(max(amax / 448, 1e-4)))``, values
+    ``sat_e4m3(x / 2**e)`` RNE; a block holding NaN or inf gets byte 255 and NaN values (0x7F)."""
+    blocks = tl.reshape(x, (R, 16, 32))
+    amax = tl.max(tl.abs(blocks), axis=2)
+    special = (tl.max((blocks != blocks).to(tl.int32), axis=2) > 0) | (amax == float("inf"))
+    quotient = tl.math.div_rn(amax, 448.0)
+    quotient = tl.where(quotient < 1e-4, 1e-4, quotient)
+    e = tl.minimum(ceil_log2(quotient), 127)            # 1e-4 floor: e >= -13; amax finite: e <= 120
+    byte = tl.where(special, 255, e + 127)
+    y = fp8_byte(to_e4m3(blocks * exp2_int(-e)[:, :, None], 448.0, False, SOFT), SOFT)
+    y = tl.where(special[:, :, None], 0x7F, y).to(tl.uint8)
+    return tl.reshape(y, (R, 512)), byte.to(tl.uint8)
+
+
+@triton.jit
+def e2m1_to_f32(code):
+    """4-bit e2m1 codes (low nibble of an integer tile) -> fp32, from the bits: exponent field 0 is
+    0 / 0.5, else ``(1 + m/2) * 2**(exp - 1)``; bit 3 the sign."""
+    c = code.to(tl.int32)
+    exp = (c >> 1) & 3
+    man = c & 1
+    mag = tl.where(exp == 0, man.to(tl.float32) * 0.5,
+                   (((exp + 126) << 23) | (man << 22)).to(tl.float32, bitcast=True))
+    return tl.where((c & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def e2m1_encode(x):
+    """fp32 -> e2m1 codes (int32, 0..15): round to nearest even, saturating at ±6, the sign bit kept
+    for -0 and negatives that round to 0, NaN -> 0 (as ``quant.e2m1_code``)."""
+    nan = x != x
+    m = tl.where(nan, 0.0, tl.abs(x))
+    code = ((m > 0.25).to(tl.int32) + (m >= 0.75).to(tl.int32) + (m > 1.25).to(tl.int32)
+            + (m >= 1.75).to(tl.int32) + (m > 2.5).to(tl.int32) + (m >= 3.5).to(tl.int32)
+            + (m > 5.0).to(tl.int32))
+    sign = tl.where(nan, 0, (x.to(tl.int32, bitcast=True) >> 28) & 8)
+    return code | sign
+
+
+@triton.jit
+def nvfp4_decode(packed, scales, R: tl.constexpr, SOFT: tl.constexpr):
+    """NVFP4 record -> fp32 ``[R, 512]``: packed e2m1 (uint8 ``[R, 256]``, value 2i in the low nibble
+    of byte i) times the e4m3 scale (uint8 ``[R, 32]``, one per 16 values)."""
+    v = tl.reshape(tl.join(e2m1_to_f32(packed & 0xF), e2m1_to_f32(packed >> 4)), (R, 32, 16))
+    return tl.reshape(v * e4m3_byte_to_f32(scales, SOFT)[:, :, None], (R, 512))
+
+
+@triton.jit
+def nvfp4_encode(x, R: tl.constexpr, SOFT: tl.constexpr):
+    """fp32 ``[R, 512]`` -> (packed e2m1 uint8 ``[R, 256]``, e4m3 scale bytes uint8 ``[R, 32]``), the
+    bytes of ``quant.encode_nvfp4``: per 16 values scale ``e4m3_RNE(clamp(amax / 6, 2**-9, 448))``,
+    codes ``e2m1(x / scale)`` (IEEE division); a NaN block gets scale byte 0x7F and codes 0."""
+    blocks = tl.reshape(x, (R, 32, 16))
+    amax = tl.max(tl.abs(blocks), axis=2)
+    nan = tl.max((blocks != blocks).to(tl.int32), axis=2) > 0
+    s = tl.minimum(tl.maximum(tl.math.div_rn(tl.where(nan, 0.0, amax), 6.0), 0.001953125), 448.0)
+    byte = fp8_byte(to_e4m3(s, 448.0, False, SOFT), SOFT)
+    codes = e2m1_encode(tl.math.div_rn(blocks, e4m3_byte_to_f32(byte, SOFT)[:, :, None]))
+    codes = tl.where(nan[:, :, None], 0, codes)
+    lo, hi = tl.split(tl.reshape(codes, (R, 256, 2)))
+    return (lo | (hi << 4)).to(tl.uint8), tl.where(nan, 0x7F, byte).to(tl.uint8)
+
+
+@triton.jit
 def load_scalar(ptr_or_value, IS_PTR: tl.constexpr):
     if IS_PTR:
         return tl.load(ptr_or_value).to(tl.float32)

@@ -22,7 +22,7 @@ import triton.language as tl
 from dsv4ops import formats
 from dsv4ops.quant import FP8_MAX
 
-from .common import ceil_log2, exp2_int, to_e4m3
+from .common import ceil_log2, exp2_int, nvfp4_encode, to_e4m3, v41_record_offsets
 from .tuning import Target
 
 
@@ -99,7 +99,7 @@ def _pool_window(t, p, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0
 
 @triton.jit
 def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D: tl.constexpr,
-                 RATIO: tl.constexpr, DS_MLA: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SOFT: tl.constexpr):
+                 RATIO: tl.constexpr, KIND: tl.constexpr, INLINE: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SOFT: tl.constexpr):
     """RMSNorm, RoPE at the window's first position, bf16, and the quantized entry at ``slot``."""
     d = tl.arange(0, D)
     weight = tl.load(w_ptr + d * w_stride).to(tl.float32)
@@ -116,7 +116,12 @@ def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block
     block = slot // block_size
     off = slot % block_size
     page_ptr = cache_ptr + block * page_bytes
-    if DS_MLA:
+    if KIND == 5:                  # Layout.NVFP4: one V4.1 record
+        packed, scales = nvfp4_encode(tl.reshape(y, (1, D)), 1, FP8_SOFT)
+        data, sc = v41_record_offsets(off, block_size, 288, 256, INLINE)
+        tl.store(page_ptr + data + tl.arange(0, 256)[None, :], packed)
+        tl.store(page_ptr + sc + tl.arange(0, 32)[None, :], scales)
+    elif KIND == 0:                # Layout.DS_MLA
         tiles = tl.reshape(y, (D // 64, 64))
         ex = ceil_log2(tl.maximum(tl.max(tl.abs(tiles), axis=1), 1e-4) / FP8_MAX)
         q8 = tl.reshape(to_e4m3(tiles * exp2_int(-ex)[:, None], FP8_MAX, False, FP8_SOFT), (D,))
@@ -138,7 +143,7 @@ def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block
 def _compress(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, sslot_stride, btab_ptr, btab_stride0,
               btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, slot_ptr, slot_stride,
               block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr,
-              DS_MLA: tl.constexpr, FP8_MAX: tl.constexpr, TOKENS: tl.constexpr, FP8_SOFT: tl.constexpr):
+              KIND: tl.constexpr, INLINE: tl.constexpr, FP8_MAX: tl.constexpr, TOKENS: tl.constexpr, FP8_SOFT: tl.constexpr):
     """Program of TOKENS tokens: pools each whole window they close and writes its entry (one token:
     a branch, not a loop, which takes sm90 16 registers fewer)."""
     t, p, slot, rank, count = _closing(n, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO,
@@ -147,23 +152,23 @@ def _compress(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr,
               req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes)
     if TOKENS == 1:
         if count > 0:
-            _whole_window(0, *window, D, RATIO, C, CHUNK, DS_MLA, FP8_MAX, FP8_SOFT)
+            _whole_window(0, *window, D, RATIO, C, CHUNK, KIND, INLINE, FP8_MAX, FP8_SOFT)
     else:
         for i in range(count):
-            _whole_window(i, *window, D, RATIO, C, CHUNK, DS_MLA, FP8_MAX, FP8_SOFT)
+            _whole_window(i, *window, D, RATIO, C, CHUNK, KIND, INLINE, FP8_MAX, FP8_SOFT)
 
 
 @triton.jit
 def _whole_window(i, t, p, slot, rank, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1, req_ptr,
                   req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D: tl.constexpr,
-                  RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr, DS_MLA: tl.constexpr,
+                  RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr, KIND: tl.constexpr, INLINE: tl.constexpr,
                   FP8_MAX: tl.constexpr, FP8_SOFT: tl.constexpr):
     """The entry of the window the i-th closing token of the block closes."""
     ti, pi, si = _pick(i, t, p, slot, rank)
     pooled = _pool_window(ti, pi, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1, req_ptr,
                           req_stride, sbs, 0, D, D, RATIO, C, CHUNK)
-    _write_entry(pooled, pi, si, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D, RATIO, DS_MLA,
-                 FP8_MAX, FP8_SOFT)
+    _write_entry(pooled, pi, si, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D, RATIO, KIND,
+                 INLINE, FP8_MAX, FP8_SOFT)
 
 
 @triton.jit
@@ -185,7 +190,7 @@ def _pool(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, ssl
 
 @triton.jit
 def _finish(pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, ws_ptr, w_ptr, w_stride, eps, cs_ptr,
-            cache_ptr, block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr, DS_MLA: tl.constexpr,
+            cache_ptr, block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr, KIND: tl.constexpr, INLINE: tl.constexpr,
             FP8_MAX: tl.constexpr, TOKENS: tl.constexpr, FP8_SOFT: tl.constexpr):
     """Program of TOKENS tokens: the entries of the pooled rows ``_pool`` left in ws."""
     t, p, slot, rank, count = _closing(n, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO,
@@ -194,7 +199,7 @@ def _finish(pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride,
         ti, pi, si = _pick(i, t, p, slot, rank)
         pooled = tl.load(ws_ptr + ti * D + tl.arange(0, D))
         _write_entry(pooled, pi, si, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D, RATIO,
-                     DS_MLA, FP8_MAX, FP8_SOFT)
+                     KIND, INLINE, FP8_MAX, FP8_SOFT)
 
 
 def compress_kv_insert(target: Target, a):
@@ -205,7 +210,6 @@ def compress_kv_insert(target: Target, a):
     width = a.kv.shape[1]
     D = width // c
     sc = a.state_cache
-    ds_mla = a.layout.is_ds_mla
     page_bytes = a.kv_cache.stride(0)
     tun = target.tuning
     warps = tun.compress_warps
@@ -222,14 +226,14 @@ def compress_kv_insert(target: Target, a):
     if channels == D:
         per = tun.compress_tokens
         _compress[(triton.cdiv(n, per),)](*window, *entry, slots, slots.stride(0), a.block_size, page_bytes, n, D=D,
-                                          RATIO=a.ratio, C=c, CHUNK=chunk, DS_MLA=ds_mla, FP8_MAX=FP8_MAX["ocp"],
-                                          TOKENS=per, FP8_SOFT=target.fp8_soft, num_warps=warps)
+                                          RATIO=a.ratio, C=c, CHUNK=chunk, KIND=a.layout.kind, INLINE=a.layout.inline,
+                                          FP8_MAX=FP8_MAX["ocp"], TOKENS=per, FP8_SOFT=target.fp8_soft, num_warps=warps)
         return None
     ws = torch.empty(n, D, dtype=torch.float32, device=a.kv.device)
     per = tun.compress_pool_tokens
     _pool[(triton.cdiv(n, per), D // channels)](*window, slots, slots.stride(0), ws, n, D=D, BD=channels, RATIO=a.ratio,
                                                 C=c, CHUNK=chunk, TOKENS=per, num_warps=tun.compress_pool_warps)
     _finish[(triton.cdiv(n, per),)](pos, pos.stride(0), sslots, sslots.stride(0), slots, slots.stride(0), ws, *entry,
-                                    a.block_size, page_bytes, n, D=D, RATIO=a.ratio, DS_MLA=ds_mla,
-                                    FP8_MAX=FP8_MAX["ocp"], TOKENS=per, FP8_SOFT=target.fp8_soft, num_warps=warps)
+                                    a.block_size, page_bytes, n, D=D, RATIO=a.ratio, KIND=a.layout.kind,
+                                    INLINE=a.layout.inline, FP8_MAX=FP8_MAX["ocp"], TOKENS=per, FP8_SOFT=target.fp8_soft, num_warps=warps)
     return None

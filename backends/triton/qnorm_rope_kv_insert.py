@@ -10,7 +10,7 @@ import triton.language as tl
 
 from dsv4ops.quant import FP8_MAX
 
-from .common import ceil_log2, exp2_int, fp8_bytes, load_scalar, scalar_arg, to_e4m3
+from .common import ceil_log2, exp2_int, fp8_bytes, load_scalar, mxfp8_encode, scalar_arg, to_e4m3, v41_record_offsets
 from .tuning import Target
 
 
@@ -24,7 +24,7 @@ def _qnorm_rope_kv_insert_kernel(
     q_ptr, kv_ptr, kv_stride, pos_ptr, pos_stride, cs_ptr, cache_ptr, slot_ptr, slot_stride, out_ptr, n_kv, H, eps,
     kv_scale, q_scale, block_size, page_bytes,
     LAYOUT: tl.constexpr, FNUZ: tl.constexpr, KV_SCALE_PTR: tl.constexpr, Q_SCALE_PTR: tl.constexpr,
-    FP8_MAX: tl.constexpr, HEADS: tl.constexpr, FP8_SOFT: tl.constexpr,
+    FP8_MAX: tl.constexpr, HEADS: tl.constexpr, FP8_SOFT: tl.constexpr, INLINE: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
@@ -63,7 +63,21 @@ def _qnorm_rope_kv_insert_kernel(
             o = o.to(tl.bfloat16)
             block = slot // block_size
             off = slot % block_size
-            if LAYOUT == 0:                # Layout.DS_MLA
+            if LAYOUT == 4:                # Layout.MXFP8: the bf16 row (RoPE applied) as one V4.1 record
+                pair = tl.arange(0, 256)
+                rope = pair >= 224
+                ev, od = tl.split(tl.reshape(tl.load(src + tl.arange(0, 512)).to(tl.float32), (256, 2)))
+                cs = tl.load(cs_ptr + pos * 64 + pair - 224, mask=rope, other=0.0)
+                sn = tl.load(cs_ptr + pos * 64 + pair - 192, mask=rope, other=0.0)
+                e2, o2 = _rope(ev, od, cs, sn)
+                ev = tl.where(rope, e2.to(tl.bfloat16).to(tl.float32), ev)
+                od = tl.where(rope, o2.to(tl.bfloat16).to(tl.float32), od)
+                values, scales = mxfp8_encode(tl.reshape(tl.join(ev, od), (1, 512)), 1, FP8_SOFT)
+                data, sc = v41_record_offsets(off, block_size, 528, 512, INLINE)
+                page = cache_ptr + block * page_bytes
+                tl.store(page + data + tl.arange(0, 512)[None, :], values)
+                tl.store(page + sc + tl.arange(0, 16)[None, :], scales)
+            elif LAYOUT == 0:              # Layout.DS_MLA
                 page = cache_ptr + block * page_bytes
                 tile = tl.arange(0, 8)[:, None]
                 col = tl.arange(0, 64)[None, :]
@@ -105,7 +119,7 @@ def qnorm_rope_kv_insert(target: Target, a):
         return out
     ks, ks_ptr = scalar_arg(a.kv_scale)
     qs, qs_ptr = scalar_arg(a.q_scale)
-    page_bytes = layout.page_bytes(a.block_size) if layout.is_ds_mla else 0
+    page_bytes = a.kv_cache.stride(0) if layout.is_v41 else layout.page_bytes(a.block_size) if layout.is_ds_mla else 0
     tune = target.tuning
     heads = min(tune.insert_heads, triton.next_power_of_2(H))
     soft = target.fp8_soft
@@ -114,6 +128,7 @@ def qnorm_rope_kv_insert(target: Target, a):
         a.slot_mapping, a.slot_mapping.stride(0), fp8_bytes(out, soft), a.slot_mapping.shape[0], H,
         a.eps, ks, qs, a.block_size, page_bytes,
         LAYOUT=layout.kind, FNUZ=layout.fp8_flavour == "fnuz", KV_SCALE_PTR=ks_ptr, Q_SCALE_PTR=qs_ptr,
-        FP8_MAX=FP8_MAX[layout.fp8_flavour or "ocp"], HEADS=heads, FP8_SOFT=soft, num_warps=tune.insert_warps,
+        FP8_MAX=FP8_MAX[layout.fp8_flavour or "ocp"], HEADS=heads, FP8_SOFT=soft,
+        INLINE=layout.inline, num_warps=tune.insert_warps,
     )
     return out
