@@ -40,7 +40,8 @@ class Arg:
     """One argument. ``mutated``: written in place (a cache, an ``out`` buffer): validation refuses
     it overlapping itself or any other tensor argument, except being the very same view as one named
     in ``same_view_ok`` (an in-place form the contract allows). ``doc``: dtype, shape and meaning, as
-    ``help(dsv4ops.<op>)`` shows it."""
+    ``help(dsv4ops.<op>)`` shows it. ``none_means``: another argument whose value a None here stands
+    for (``extra_layout=None`` is ``layout``); the op's check resolves it, and so does the fast path."""
 
     name: str
     type: Any
@@ -49,6 +50,7 @@ class Arg:
     mutated: bool = False
     doc: str = ""
     same_view_ok: tuple[str, ...] = ()
+    none_means: str = ""
 
     @property
     def is_tensor(self) -> bool:
@@ -357,7 +359,7 @@ def _generate(spec: OpSpec, name: str, body: str, env: dict, with_backend: bool 
     if with_backend:
         params += ([] if star else ["*"]) + ["backend=None"]
     values = ", ".join(a.name for a in spec.args)
-    normalized = ", ".join(f"layout_of.get({a.name}, {a.name})" if a.type in (Layout, Optional[Layout]) else a.name for a in spec.args)
+    normalized = ", ".join(_normalized(a) for a in spec.args)
     scalars, structure, guarded = (", ".join(terms) for terms in _key_terms(spec, str))
     body = body.format(values=values, normalized=normalized, scalars=scalars, structure=structure, guarded=guarded)
     source = f"def {name}({', '.join(params)}):\n{body}\n"
@@ -366,6 +368,13 @@ def _generate(spec: OpSpec, name: str, body: str, env: dict, with_backend: bool 
     fn = namespace[name]
     fn.__signature__ = inspect.Signature(_parameters(spec.args, with_backend))
     return fn
+
+
+def _normalized(a: Arg) -> str:
+    """The expression the fast path passes for ``a``: None resolved through ``none_means``, a layout
+    name turned into its ``Layout`` (what the op's check returns for a validated call)."""
+    value = f"({a.name} if {a.name} is not None else {a.none_means})" if a.none_means else a.name
+    return f"layout_of.get({value}, {value})" if a.type in (Layout, Optional[Layout]) else value
 
 
 def _schema(spec: OpSpec, with_out: bool) -> str:

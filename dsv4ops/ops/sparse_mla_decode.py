@@ -287,7 +287,7 @@ SPEC = OpSpec(
         Arg("extra_topk_lens", Optional[Tensor], None, keyword_only=True,
             doc="int32 [T] valid prefix of each extra index row, or None"),
         Arg("extra_block_size", Optional[int], None, keyword_only=True, doc="tokens per page of extra_kv_cache"),
-        Arg("extra_layout", Optional[Layout], None, keyword_only=True,
+        Arg("extra_layout", Optional[Layout], None, keyword_only=True, none_means="layout",
             doc='layout of extra_kv_cache (None: `layout`); with "mxfp8_v41*" any "mxfp8_v41*" or "nvfp4_v41*"'),
         Arg("kv_scale", Scale, 1.0, keyword_only=True,
             doc='"fp8_per_tensor": the cache scale (float or 1-element fp32 tensor)'),

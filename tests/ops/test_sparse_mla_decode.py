@@ -266,3 +266,21 @@ def test_need_lse_false(backend):
         assert lse is None
         with_lse, lse = call(kw, backend, need_lse=True)
         assert lse is not None and torch.equal(out, with_lse)
+
+
+@pytest.mark.parametrize("op", ["sparse_mla_decode", "sparse_mla_prefill"])
+def test_extra_layout_none_on_the_fast_path(op, monkeypatch):
+    """A repeated call (the fast path, no validation; on CPU too here) resolves ``extra_layout=None``
+    to ``layout`` as the check does: two calls of one structure, the second on new values."""
+    from dsv4ops import selection
+    monkeypatch.setattr(selection, "skips_validation", lambda device: True)
+    selection.clear_cache()
+    params = dict(T=3, H=8, topk=64, layout="mxfp8_v41", extra_topk=64)
+    for seed in (1, 2):
+        kwargs = make_case(op, **params).build("cpu", seed)
+        assert kwargs.get("extra_layout") is None and kwargs.get("extra_kv_cache") is not None
+        got = OPS[op].function(**kwargs, backend="reference")
+        want = OPS[op].function(**kwargs, extra_layout="mxfp8_v41", backend="reference")
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, equal_nan=True, rtol=0, atol=0)
+    selection.clear_cache()
