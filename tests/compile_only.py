@@ -116,7 +116,10 @@ def main(argv) -> int:
                     per_path[op, impl.name] += 1
                 except Exception as exc:          # a compile error names the kernel and the line
                     failures += 1
-                    print(f"FAILED {op} {case.id}: {type(exc).__name__}: {str(exc)[:2000]}")
+                    root = exc
+                    while root.__cause__ or root.__context__:
+                        root = root.__cause__ or root.__context__
+                    print(f"FAILED {op} {case.id}: {type(exc).__name__}: {str(exc)[:2000]}\n  root cause: {root!r}")
     for (op, path), n in sorted(per_path.items()):
         print(f"cases {op} [{path}]: {n}")
     print("compiled for", name + ":", " ".join(sorted(compiled)))

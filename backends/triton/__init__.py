@@ -92,7 +92,7 @@ def bf16_tensor_cores(plat: Platform, call) -> str | None:
 
 
 def v4_layouts_only(plat: Platform, call) -> str | None:
-    """The DeepSeek-V4.1 caches (docs/ops.md §6) have no Triton attention kernel yet, and the nvfp4 writer fails to compile for sm80."""
+    """The DeepSeek-V4.1 caches (docs/ops.md §6) have no Triton attention kernel yet."""
     for name in ("layout", "extra_layout"):
         layout = call.get(name)
         if layout is not None and layout.is_v41:
@@ -130,6 +130,6 @@ implements_both_paths("paged_mqa_topk", all_of(runs_here, logits_grid_fits))
 implements_both_paths("fp8_einsum", runs_here)
 BACKEND.implements("indexer_topk", "dsv4ops.backends.triton.indexer_topk:indexer_topk", supports=runs_here)
 implements_both_paths("inv_rope_fp8_quant", runs_here)
-implements_both_paths("compress_kv_insert", all_of(runs_here, v4_layouts_only))
+implements_both_paths("compress_kv_insert", runs_here)
 implements_both_paths("mqa_logits", all_of(runs_here, fp8_flavour_matches))
 implements_both_paths("mqa_topk", all_of(runs_here, fp8_flavour_matches))

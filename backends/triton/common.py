@@ -86,10 +86,14 @@ def fp8_byte(y, SOFT: tl.constexpr):
 
 @triton.jit
 def e4m3_byte_to_f32(byte, SOFT: tl.constexpr):
-    """OCP e4m3 bytes (uint8) -> fp32: the fp8 type's conversion, or with SOFT ``e4m3_to_f32``."""
+    """OCP e4m3 bytes (uint8) -> fp32: the fp8 type's conversion, or with SOFT ``e4m3_to_f32``.
+    One return after both branches: Triton's code generator also visits what follows a return inside
+    a constexpr branch, and the fp8 type does not exist on sm80."""
     if SOFT:
-        return e4m3_to_f32(byte)
-    return byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        y = e4m3_to_f32(byte)
+    else:
+        y = byte.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    return y
 
 
 # DeepSeek-V4.1 token records (docs/ops.md §6.6): a row of 512 values is a tile [R, 512]; MXFP8 has
