@@ -1,5 +1,6 @@
 """Run each Triton kernel at a production shape twice (warm-up, then the profiled launch), for
-``ncu`` (see tools/profile.sh). Usage: [OPS=op,op] python tools/profile_triton.py"""
+``ncu`` (see tools/profile.sh). Usage: [OPS=op,op] python tools/profile_triton.py; with
+``DSV4OPS_TRITON_TUNING=fp8_path=soft`` the software fp8 path runs."""
 import os
 
 import torch
@@ -14,6 +15,7 @@ CASES = [
     make_case("fp8_einsum", "full", B=1024, H=8, D=1024, R=4096),
     make_case("indexer_topk", "full", R=128, W=32768, k=512, mode="decode2d"),
     make_case("qnorm_rope_kv_insert", "full", T=128, H=64, layout="fp8_ds_mla", block_size=64, num_blocks=8),
+    make_case("inv_rope_fp8_quant", "full", T=4096, H=64, n_groups=8),
 ]
 
 only = set(filter(None, os.environ.get("OPS", "").split(",")))
