@@ -24,6 +24,8 @@ def launched_kernels() -> set[str]:
 
 
 KERNELS = launched_kernels()
+# Launched by the software fp8 path only (its one decode per call of an fp8 operand, common.py).
+SOFTWARE_PATH_KERNELS = {"_e4m3_decode_kernel"}
 
 
 def test_the_kernel_list_is_found():
@@ -58,7 +60,8 @@ def test_every_kernel_compiles_for(compiled, target):
     line = next(l for l in run.stdout.splitlines() if l.startswith("compiled for"))
     served = set(OP_NAMES) - DECLINED.get(target, set())
     if target not in DECLINED:
-        assert KERNELS <= set(line.split(":", 2)[-1].split()), line
+        expected = KERNELS if target in SOFTWARE_FP8 else KERNELS - SOFTWARE_PATH_KERNELS
+        assert expected <= set(line.split(":", 2)[-1].split()), line
     paths = set(re.findall(r"^cases (\w+) \[(.+)\]: \d+$", run.stdout, re.M))
     assert {op for op, _ in paths} == served, run.stdout[-4000:]
     software = {op for op, impl in paths if impl == "triton (fp8 in software)"}
