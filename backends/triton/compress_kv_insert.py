@@ -99,7 +99,8 @@ def _pool_window(t, p, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0
 
 @triton.jit
 def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D: tl.constexpr,
-                 RATIO: tl.constexpr, KIND: tl.constexpr, INLINE: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SOFT: tl.constexpr):
+                 RATIO: tl.constexpr, KIND: tl.constexpr, INLINE: tl.constexpr, FP8_MAX: tl.constexpr,
+                 FP8_SOFT: tl.constexpr):
     """RMSNorm, RoPE at the window's first position, bf16, and the quantized entry at ``slot``."""
     d = tl.arange(0, D)
     weight = tl.load(w_ptr + d * w_stride).to(tl.float32)
@@ -143,7 +144,8 @@ def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block
 def _compress(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, sslot_stride, btab_ptr, btab_stride0,
               btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, slot_ptr, slot_stride,
               block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr,
-              KIND: tl.constexpr, INLINE: tl.constexpr, FP8_MAX: tl.constexpr, TOKENS: tl.constexpr, FP8_SOFT: tl.constexpr):
+              KIND: tl.constexpr, INLINE: tl.constexpr, FP8_MAX: tl.constexpr, TOKENS: tl.constexpr,
+              FP8_SOFT: tl.constexpr):
     """Program of TOKENS tokens: pools each whole window they close and writes its entry (one token:
     a branch, not a loop, which takes sm90 16 registers fewer)."""
     t, p, slot, rank, count = _closing(n, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO,
@@ -190,8 +192,8 @@ def _pool(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, ssl
 
 @triton.jit
 def _finish(pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, ws_ptr, w_ptr, w_stride, eps, cs_ptr,
-            cache_ptr, block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr, KIND: tl.constexpr, INLINE: tl.constexpr,
-            FP8_MAX: tl.constexpr, TOKENS: tl.constexpr, FP8_SOFT: tl.constexpr):
+            cache_ptr, block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr, KIND: tl.constexpr,
+            INLINE: tl.constexpr, FP8_MAX: tl.constexpr, TOKENS: tl.constexpr, FP8_SOFT: tl.constexpr):
     """Program of TOKENS tokens: the entries of the pooled rows ``_pool`` left in ws."""
     t, p, slot, rank, count = _closing(n, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO,
                                        TOKENS)
@@ -235,5 +237,6 @@ def compress_kv_insert(target: Target, a):
                                                 C=c, CHUNK=chunk, TOKENS=per, num_warps=tun.compress_pool_warps)
     _finish[(triton.cdiv(n, per),)](pos, pos.stride(0), sslots, sslots.stride(0), slots, slots.stride(0), ws, *entry,
                                     a.block_size, page_bytes, n, D=D, RATIO=a.ratio, KIND=a.layout.kind,
-                                    INLINE=a.layout.inline, FP8_MAX=FP8_MAX["ocp"], TOKENS=per, FP8_SOFT=target.fp8_soft, num_warps=warps)
+                                    INLINE=a.layout.inline, FP8_MAX=FP8_MAX["ocp"], TOKENS=per, FP8_SOFT=target.fp8_soft,
+                                    num_warps=warps)
     return None

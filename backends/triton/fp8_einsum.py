@@ -21,8 +21,7 @@ from .tuning import Target
 
 @triton.jit
 def _operands(a_src, b_src, sa_rows, sb_base, a_rows, b_rows, row_ok, col_ok, cols, h, m0, n0, kb, stride_sar,
-              stride_sbn, stride_sbr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-              ):
+              stride_sbn, stride_sbr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
     """K step ``kb``: the tiles a [BLOCK_M, 128] and b [BLOCK_N, 128] (fp8, or with FP8_SOFT the
     decoded fp16 * 2**-8), the row scales [BLOCK_M] and the column scales: [BLOCK_N], or one scalar
     when BLOCK_N <= 128 (one weight block)."""
@@ -119,7 +118,7 @@ def fp8_einsum(target: Target, args):
     _fp8_einsum_kernel[grid](
         a_src, args.a_scale, b_src, args.b_scale, out, B, D, R, a.stride(0), a.stride(1),
         *args.a_scale.stride(), *args.b_scale.stride(), out.stride(0), out.stride(1),
-        BLOCK_M=BM, BLOCK_N=BN, TMA=descs is not None, FP8_SOFT=target.fp8_soft,
+        BLOCK_M=BM, BLOCK_N=BN, TMA=descs is not None, FP8_SOFT=soft,
         num_warps=tune.einsum_warps, num_stages=tune.einsum_stages,
     )
     return out

@@ -81,9 +81,9 @@ def mqa_logits(target: Target, a):
         return out
     tune = target.tuning
     grid = (triton.cdiv(T, tune.mqa_block_q) * triton.cdiv(S, tune.mqa_chunk_s),)
+    q, k = (e4m3_decode(a.q), e4m3_decode(a.k[None])[0]) if target.fp8_soft else (a.q, a.k)
     _mqa_logits_kernel[grid](
-        *((e4m3_decode(a.q), e4m3_decode(a.k[None])[0]) if target.fp8_soft else (a.q, a.k)), a.k_scale, a.weights, a.ks, a.ke, out, T,
-        S, H, a.weights.stride(0), a.weights.stride(1),
+        q, k, a.k_scale, a.weights, a.ks, a.ke, out, T, S, H, a.weights.stride(0), a.weights.stride(1),
         a.ks.stride(0), a.ke.stride(0), CLEAN=a.clean, BLOCK_Q=tune.mqa_block_q, H_PAD=max(16, triton.next_power_of_2(H)),
         BLOCK_S=tune.mqa_block_s, CHUNK=tune.mqa_chunk_s, STAGES=tune.mqa_stages, FP8_SOFT=target.fp8_soft,
         num_warps=tune.mqa_warps,

@@ -80,8 +80,9 @@ def paged_mqa_logits(target: Target, a):
     next_pad = triton.next_power_of_2(next_n)
     lens = a.context_lens
     grid = (B, triton.cdiv(a.max_context_len, BLOCK_T))
+    q = e4m3_decode(a.q.view(-1, H, 128)) if target.fp8_soft else a.q
     _paged_mqa_logits_kernel[grid](
-        e4m3_decode(a.q.view(-1, H, 128)) if target.fp8_soft else a.q, a.kv_cache, a.weights, lens, a.block_table, out, H, next_n,
+        q, a.kv_cache, a.weights, lens, a.block_table, out, H, next_n,
         a.kv_cache.shape[1], a.max_context_len,
         a.weights.stride(0), a.weights.stride(1), lens.stride(0), lens.stride(-1), a.block_table.stride(0),
         a.block_table.stride(1), LENS_2D=lens.dim() == 2, CLEAN=a.clean, NEXT_N_PAD=next_pad,

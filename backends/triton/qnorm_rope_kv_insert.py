@@ -119,7 +119,7 @@ def qnorm_rope_kv_insert(target: Target, a):
         return out
     ks, ks_ptr = scalar_arg(a.kv_scale)
     qs, qs_ptr = scalar_arg(a.q_scale)
-    page_bytes = a.kv_cache.stride(0) if layout.is_v41 else layout.page_bytes(a.block_size) if layout.is_ds_mla else 0
+    page_bytes = a.kv_cache.stride(0) if layout.is_paged_bytes else 0
     tune = target.tuning
     heads = min(tune.insert_heads, triton.next_power_of_2(H))
     soft = target.fp8_soft

@@ -43,11 +43,7 @@ def check(c: Checker, a):
     c.tensor("state_block_table", a.state_block_table, dtype=torch.int32, shape=("num_reqs", "max_state_blocks"))
     c.tensor("token_to_req", a.token_to_req, dtype=torch.int32, shape=(n,))
     c.int_arg("block_size", a.block_size, minimum=1)
-    if layout.is_v41:
-        check_kv_cache(c, "kv_cache", a.kv_cache, layout, a.block_size)
-    else:
-        c.tensor("kv_cache", a.kv_cache, dtype=layout.cache_dtype,
-                 shape=("num_blocks",) + layout.cache_shape(1, a.block_size)[1:], contiguous=True)
+    check_kv_cache(c, "kv_cache", a.kv_cache, layout, a.block_size)
     c.tensor("slot_mapping", a.slot_mapping, dtype=torch.int64, shape=(n,))
     c.float_arg("eps", a.eps, positive=True)
     c.in_range("positions", a.positions, 0, a.cos_sin_cache.shape[0], what="positions (rows of cos_sin_cache)")
@@ -203,16 +199,13 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     owned = torch.zeros_like(ref, dtype=torch.bool)
     block, off = slots // bs, slots % bs
     layout = Layout.of(kw["layout"], among=formats.COMPRESSED_LAYOUTS)
-    if layout.kind == Layout.NVFP4:
-        (gd, gs), (rd, rs) = formats.record_views(got, layout, bs), formats.record_views(ref, layout, bs)
-        od, os_ = formats.record_views(owned, layout, bs)
+    if layout.is_paged_bytes:
+        (gd, gs), (rd, rs), (od, os_) = (formats.record_views(t, layout, bs) for t in (got, ref, owned))
         od[block, off] = True
+    if layout.kind == Layout.NVFP4:
         os_[block, off] = True
         nvfp4_records_close(c, "entries", (gd[block, off], gs[block, off]), (rd[block, off], rs[block, off]))
     elif layout.is_ds_mla:
-        (gd, gs), (rd, rs) = formats.ds_mla_views(got, bs), formats.ds_mla_views(ref, bs)
-        od, os_ = formats.ds_mla_views(owned, bs)
-        od[block, off] = True
         os_[block, off, : formats.NUM_TILES] = True            # the pad byte is compared exactly
         nope = lambda data: data[block, off, : formats.NOPE_DIM].view(torch.float8_e4m3fn)
         scale = lambda s: quant.ue8m0_to_float(s[block, off, : formats.NUM_TILES])
