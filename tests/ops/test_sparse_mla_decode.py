@@ -188,6 +188,24 @@ def test_heads_past_one_triton_head_block(env):
     assert result.status == "pass", f"{result.message}\nrerun: {result.reproducer()}"
 
 
+@needs_triton
+@pytest.mark.parametrize("main, extra", [("mxfp8_v41", "nvfp4_v41_inline"), ("mxfp8_v41_inline", "mxfp8_v41")])
+def test_v41_pages_of_any_pitch(env, main, extra):
+    """V4.1 pages of any width >= block_size * token_bytes: an odd pitch (records at unaligned
+    addresses) with NaN bytes (0xFF) in the padding; Triton reads the records the reference reads."""
+    env(DSV4OPS_TRITON_TUNING=f"decode_block_h={HEAD_BLOCK}")
+    params = dict(T=3, H=8, topk=32, layout=main, block_size=16, extra_topk=32, extra_block_size=16,
+                  extra_layout=extra)
+    kw = make_case("sparse_mla_decode", **params).build("cpu", 5)
+    for name, layout in (("kv_cache", main), ("extra_kv_cache", extra)):
+        used = formats.Layout.of(layout).min_page_bytes(16)
+        wide = torch.full((kw[name].shape[0], used + 13), 0xFF, dtype=torch.uint8)
+        wide[:, :used] = kw[name][:, :used]
+        kw[name] = wide
+    want = dsv4ops.sparse_mla_decode(**kw, backend="reference")
+    judge(params, kw, want, kw, dsv4ops.sparse_mla_decode(**kw, backend="triton"))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("corner", ["all_invalid", "zero_len"])
 def test_nothing_selected_gives_zeros_and_infinite_lse(backend, corner):
