@@ -61,8 +61,6 @@ def test_explain_names_the_path(op, env):
     assert dsv4ops.explain(op, **kwargs).selected.name == SOFT
 
 
-# Ops whose Triton kernels decline the V4.1 caches until they land (backends/triton/__init__.py).
-V41_PENDING_OPS = ("sparse_mla_decode", "sparse_mla_prefill")
 QUICK = [case for op in OP_NAMES for case in cases(op, "quick")]
 
 
@@ -70,9 +68,8 @@ QUICK = [case for op in OP_NAMES for case in cases(op, "quick")]
 def test_quick_tier_through_the_software_path(case, env, no_fp8_types):
     env(DSV4OPS_TRITON_TUNING="fp8_path=soft")
     result = run_case(case, "triton", "cpu", seed=hash(case.id) % 10_000)
-    if result.status == "skip":   # FNUZ e4m3 (gfx942) has the FP8 path only; V4.1 readers: pending
-        pending = case.op in V41_PENDING_OPS and "the V4.1 caches are not implemented yet in Triton" in result.message
-        assert "fnuz" in case.id or pending, result.message
+    if result.status == "skip":   # FNUZ e4m3 (gfx942) has the FP8 path only
+        assert "fnuz" in case.id, result.message
         pytest.skip(result.message)
     assert result.status == "pass", f"{result.message}\nrerun: {result.reproducer()}"
 

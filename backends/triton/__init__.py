@@ -91,15 +91,6 @@ def bf16_tensor_cores(plat: Platform, call) -> str | None:
     return None
 
 
-def v4_layouts_only(plat: Platform, call) -> str | None:
-    """The DeepSeek-V4.1 caches (docs/ops.md §6) have no Triton attention kernel yet."""
-    for name in ("layout", "extra_layout"):
-        layout = call.get(name)
-        if layout is not None and layout.is_v41:
-            return f"{name} {layout}: the V4.1 caches are not implemented yet in Triton"
-    return None
-
-
 def implements_both_paths(op: str, supports) -> None:
     """Register ``op``'s wrapper twice: the FP8 path and the software fp8 path, each behind
     ``supports`` and its own path check."""
@@ -109,8 +100,8 @@ def implements_both_paths(op: str, supports) -> None:
 
 
 implements_both_paths("qnorm_rope_kv_insert", all_of(runs_here, fp8_flavour_matches))
-implements_both_paths("sparse_mla_decode", all_of(runs_here, v4_layouts_only, fp8_flavour_matches, bf16_tensor_cores))
-implements_both_paths("sparse_mla_prefill", all_of(runs_here, v4_layouts_only, fp8_flavour_matches, bf16_tensor_cores))
+implements_both_paths("sparse_mla_decode", all_of(runs_here, fp8_flavour_matches, bf16_tensor_cores))
+implements_both_paths("sparse_mla_prefill", all_of(runs_here, fp8_flavour_matches, bf16_tensor_cores))
 
 
 CUDA_GRID_YZ = 65535        # CUDA's limit on grid dimensions 1 and 2

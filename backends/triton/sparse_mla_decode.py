@@ -16,17 +16,21 @@ import triton.language as tl
 from dsv4ops.backend_support import decode_output
 from dsv4ops.platform import multiprocessors
 
-from .common import e4m3_to_f32, fp8_bytes, load_scalar, scalar_arg, ue8m0_decode
+from .common import (
+    e4m3_to_f32, fp8_bytes, load_scalar, mxfp8_decode, nvfp4_decode, scalar_arg, ue8m0_decode, v41_record_offsets,
+)
 from .tuning import Target
 
 
 @triton.jit
-def _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT: tl.constexpr, FNUZ: tl.constexpr,
-               BLOCK_K: tl.constexpr, FP8_SOFT: tl.constexpr):
+def _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT: tl.constexpr, INLINE: tl.constexpr,
+               FNUZ: tl.constexpr, BLOCK_K: tl.constexpr, FP8_SOFT: tl.constexpr):
     """Rows ``[BLOCK_K, 512]`` as bf16 (fp8 values unscaled for Layout.FP8_PER_TENSOR); invalid rows are 0.
 
     MODEL1 rows are read as 8 tiles of 64: tiles 0-6 are fp8 scaled by their UE8M0 byte (one load
-    per tile), tile 7 is the bf16 RoPE part; the dequantized values are exact in bf16. With FP8_SOFT
+    per tile), tile 7 is the bf16 RoPE part; the dequantized values are exact in bf16. The V4.1
+    records (Layout.MXFP8, Layout.NVFP4; INLINE: inline pages, else split) go through
+    ``_load_v41_rows``. ``page_bytes`` is the page pitch of the byte-paged layouts. With FP8_SOFT
     the fp8 bytes (uint8) are decoded with integer operations.
     """
     ok = valid[:, None]
@@ -50,10 +54,33 @@ def _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT: tl.const
         rope = tl.load(rope_ptr[:, None] + col[None, :], mask=ok, other=0.0).to(tl.float32)
         rows = tl.where(nope, values, rope[:, None, :])
         return tl.reshape(rows, (BLOCK_K, 512)).to(tl.bfloat16)
+    elif LAYOUT == 4 or LAYOUT == 5:       # Layout.MXFP8, Layout.NVFP4
+        page = cache_ptr + (slots // block_size).to(tl.int64) * page_bytes
+        return _load_v41_rows(page, (slots % block_size).to(tl.int64), ok, block_size, LAYOUT == 5, INLINE,
+                              BLOCK_K, FP8_SOFT)
     else:
         col = tl.arange(0, 512)[None, :]
         row = cache_ptr + slots.to(tl.int64)[:, None] * 512
         return _bf16(tl.load(row + col, mask=ok, other=0.0), FP8_SOFT and LAYOUT == 2)
+
+
+@triton.jit
+def _load_v41_rows(page, off, ok, block_size, NVFP4: tl.constexpr, INLINE: tl.constexpr, BLOCK_K: tl.constexpr,
+                   FP8_SOFT: tl.constexpr):
+    """V4.1 records of page slots ``off`` (int64 ``[BLOCK_K]``) of pages ``page`` (uint8 pointers)
+    -> bf16 ``[BLOCK_K, 512]``, exact (an e4m3 or e2m1 value times a power of two or an e4m3 scale);
+    rows where ``ok`` ([BLOCK_K, 1]) is False are 0 (values 0, scales 1)."""
+    if NVFP4:                              # 256 B of e2m1 pairs, 32 e4m3 scales
+        data, scales = v41_record_offsets(off, block_size, 288, 256, INLINE)
+        packed = tl.load((page + data)[:, None] + tl.arange(0, 256)[None, :], mask=ok, other=0)
+        scale = tl.load((page + scales)[:, None] + tl.arange(0, 32)[None, :], mask=ok, other=0x38)
+        rows = nvfp4_decode(packed, scale, BLOCK_K, FP8_SOFT)
+    else:                                  # 512 e4m3 values, 16 UE8M0 scales
+        data, scales = v41_record_offsets(off, block_size, 528, 512, INLINE)
+        values = tl.load((page + data)[:, None] + tl.arange(0, 512)[None, :], mask=ok, other=0)
+        scale = tl.load((page + scales)[:, None] + tl.arange(0, 16)[None, :], mask=ok, other=127)
+        rows = mxfp8_decode(values, scale, BLOCK_K, FP8_SOFT)
+    return rows.to(tl.bfloat16)
 
 
 @triton.jit
@@ -66,12 +93,13 @@ def _bf16(x, E4M3_BYTES: tl.constexpr):
 
 @triton.jit
 def _attend_block(q, m, l, acc, t, idx_ptr, idx_s0, idx_s1, length, topk, cache_ptr, block_size, page_bytes, b,
-                  qk_scale, LAYOUT: tl.constexpr, FNUZ: tl.constexpr, BLOCK_K: tl.constexpr, FP8_SOFT: tl.constexpr):
+                  qk_scale, LAYOUT: tl.constexpr, INLINE: tl.constexpr, FNUZ: tl.constexpr, BLOCK_K: tl.constexpr,
+                  FP8_SOFT: tl.constexpr):
     """Online-softmax step over index block ``b`` of one segment; scores in base 2."""
     j = b * BLOCK_K + tl.arange(0, BLOCK_K)
     slots = tl.load(idx_ptr + t * idx_s0 + j.to(tl.int64) * idx_s1, mask=j < topk, other=-1)
     valid = (slots != -1) & (j < length)
-    k = _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT, FNUZ, BLOCK_K, FP8_SOFT)
+    k = _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT, INLINE, FNUZ, BLOCK_K, FP8_SOFT)
     s = tl.dot(q, tl.trans(k)) * qk_scale
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -97,7 +125,8 @@ def _decode_kernel(
     x_cache_ptr, x_idx_ptr, x_idx_s0, x_idx_s1, x_lens_ptr, x_lens_s, x_topk, x_block_size, x_page_bytes,
     sink_ptr, sink_s, out_ptr, lse_ptr, part_o_ptr, part_lse_ptr, sm_scale, q_scale, kv_scale, blocks_per_split,
     HAS_LENS: tl.constexpr, HAS_EXTRA: tl.constexpr, HAS_X_LENS: tl.constexpr, HAS_SINK: tl.constexpr,
-    LAYOUT: tl.constexpr, FNUZ: tl.constexpr, SPLIT: tl.constexpr, Q_SCALE_PTR: tl.constexpr,
+    LAYOUT: tl.constexpr, INLINE: tl.constexpr, X_LAYOUT: tl.constexpr, X_INLINE: tl.constexpr,
+    FNUZ: tl.constexpr, SPLIT: tl.constexpr, Q_SCALE_PTR: tl.constexpr,
     KV_SCALE_PTR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, FP8_SOFT: tl.constexpr,
 ):
     head_blocks = tl.cdiv(H, BLOCK_H)
@@ -126,12 +155,12 @@ def _decode_kernel(
         b = split * blocks_per_split + i
         if b < n_main:
             m, l, acc = _attend_block(q, m, l, acc, t, idx_ptr, idx_s0, idx_s1, length, topk, cache_ptr,
-                                      block_size, page_bytes, b, qk_scale, LAYOUT, FNUZ, BLOCK_K, FP8_SOFT)
+                                      block_size, page_bytes, b, qk_scale, LAYOUT, INLINE, FNUZ, BLOCK_K, FP8_SOFT)
         elif HAS_EXTRA:
             if b - n_main < tl.cdiv(x_topk, BLOCK_K):
                 m, l, acc = _attend_block(q, m, l, acc, t, x_idx_ptr, x_idx_s0, x_idx_s1, x_length, x_topk,
-                                          x_cache_ptr, x_block_size, x_page_bytes, b - n_main, qk_scale, LAYOUT,
-                                          FNUZ, BLOCK_K, FP8_SOFT)
+                                          x_cache_ptr, x_block_size, x_page_bytes, b - n_main, qk_scale, X_LAYOUT,
+                                          X_INLINE, FNUZ, BLOCK_K, FP8_SOFT)
 
     empty = l == 0.0
     o = acc / tl.where(empty, 1.0, l)[:, None]
@@ -208,11 +237,12 @@ def attend(a, BLOCK_H: int, BLOCK_K: int, warps: int, stages: int, waves: int, s
     if T == 0:
         return out, lse if a.need_lse else None
     layout = a.layout
-    page = layout.page_bytes(a.block_size) if layout.is_ds_mla else 0
     has_extra = a.extra_kv_cache is not None
+    x_layout = a.extra_layout if has_extra else layout
+    page = a.kv_cache.stride(0) if layout.is_paged_bytes else 0            # the page pitch
+    x_page = a.extra_kv_cache.stride(0) if has_extra and x_layout.is_paged_bytes else 0
     topk = a.indices.shape[1]
     x_topk = a.extra_indices.shape[1] if has_extra else 0
-    x_page = layout.page_bytes(a.extra_block_size) if has_extra and layout.is_ds_mla else 0
     index_blocks = triton.cdiv(topk, BLOCK_K) + triton.cdiv(x_topk, BLOCK_K)
     head_blocks = triton.cdiv(H, BLOCK_H)
     splits = choose_splits(T, head_blocks, index_blocks, a.q.device, waves)
@@ -236,7 +266,8 @@ def attend(a, BLOCK_H: int, BLOCK_K: int, warps: int, stages: int, waves: int, s
         _or(x_lens, dummy), _stride(x_lens), x_topk, a.extra_block_size or 1, x_page,
         sink, sink_s, out, lse, part_o, part_lse, a.softmax_scale, qs, ks, per_split,
         HAS_LENS=lens is not None, HAS_EXTRA=has_extra, HAS_X_LENS=x_lens is not None,
-        HAS_SINK=a.attn_sink is not None, LAYOUT=layout.kind, FNUZ=layout.fp8_flavour == "fnuz",
+        HAS_SINK=a.attn_sink is not None, LAYOUT=layout.kind, INLINE=layout.inline, X_LAYOUT=x_layout.kind,
+        X_INLINE=x_layout.inline, FNUZ=layout.fp8_flavour == "fnuz",
         SPLIT=splits > 1, Q_SCALE_PTR=qs_ptr, KV_SCALE_PTR=ks_ptr, BLOCK_H=BLOCK_H, BLOCK_K=BLOCK_K, FP8_SOFT=soft,
         num_warps=warps, num_stages=stages,
     )

@@ -227,12 +227,15 @@ def _attention_magnitude(op: str, kwargs: dict) -> torch.Tensor:
 
 def cost(kw: dict) -> tuple[int, int]:
     """(bytes, flops) a kernel must move / do at least."""
+    layout = Layout.of(kw["layout"])
     rows = selected_entries(kw["indices"], kw.get("topk_lens"))
+    moved = rows * layout.token_bytes
     if kw.get("extra_indices") is not None:
-        rows += selected_entries(kw["extra_indices"], kw.get("extra_topk_lens"))
-    row_bytes = Layout.of(kw["layout"]).token_bytes
+        extra = selected_entries(kw["extra_indices"], kw.get("extra_topk_lens"))
+        rows += extra
+        moved += extra * Layout.of(kw.get("extra_layout") or layout).token_bytes
     T, H, D = kw["q"].shape
-    return rows * row_bytes + 2 * nbytes(kw["q"]) + T * H * 4, 4 * rows * H * D     # QK^T and PV
+    return moved + 2 * nbytes(kw["q"]) + T * H * 4, 4 * rows * H * D     # QK^T and PV
 
 
 ERRORS = (
@@ -327,6 +330,11 @@ SPEC = OpSpec(
             dict(T=128, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64, lens="full"),
             dict(T=128, H=128, topk=128, layout="fp8_ds_mla", extra_topk=1024, extra_block_size=64, lens="full"),
             dict(T=512, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64, lens="full"),
+            # V4.1 (528 B main, 288 B extra) at the 584 B shapes above: the per-token ratio in one run
+            *(dict(T=T, H=64, topk=128, layout="mxfp8_v41", extra_layout="nvfp4_v41", extra_topk=512,
+                   extra_block_size=64, lens="full") for T in (128, 512)),
+            dict(T=128, H=64, topk=128, layout="mxfp8_v41_inline", extra_layout="nvfp4_v41_inline", extra_topk=512,
+                 extra_block_size=64, lens="full"),
         ),
         sweep=tuple(dict(T=T, H=H, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64, lens="full")
                     for H in (16, 64, 128) for T in (1, 8, 32, 128, 512)),

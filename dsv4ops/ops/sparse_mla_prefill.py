@@ -128,6 +128,8 @@ SPEC = OpSpec(
                  extra_slots=32768, lens="full"),
             dict(T=4096, H=64, topk=128, layout="fp8_ds_mla", extra_topk=512, extra_block_size=64, extra_slots=32768,
                  lens="full"),
+            dict(T=4096, H=64, topk=128, layout="mxfp8_v41", extra_layout="nvfp4_v41", extra_topk=512,
+                 extra_block_size=64, extra_slots=32768, lens="full"),          # V4.1 next to the 584 B shape
         ),
         sweep=tuple(dict(T=T, H=H, topk=128, layout="fp8_ds_mla", extra_topk=1024 if H == 128 else 512,
                          extra_block_size=64, extra_slots=32768, lens="full")

@@ -130,15 +130,10 @@ CORNERS = {
 }
 
 
-V41_PENDING = ("triton",)       # backends that decline the V4.1 caches until their kernels land
-
-
-def declared(corner: str, backend: str = "reference") -> list:
-    """The declared quick cases of sparse_mla_decode that hold ``corner`` (those ``backend`` serves)."""
-    v41 = lambda kw: any(formats.Layout.of(kw.get(k) or "bf16").is_v41 for k in ("layout", "extra_layout"))
+def declared(corner: str) -> list:
+    """The declared quick cases of sparse_mla_decode that hold ``corner``."""
     found = [c for c in cases("sparse_mla_decode", "quick")
-             if "strided" not in c.kwargs and CORNERS[corner]({**BUILDER_DEFAULTS, **c.kwargs})
-             and not (backend in V41_PENDING and v41(c.kwargs))]
+             if "strided" not in c.kwargs and CORNERS[corner]({**BUILDER_DEFAULTS, **c.kwargs})]
     assert found, f"no declared quick case of sparse_mla_decode holds {corner!r}"
     return found
 
@@ -178,7 +173,7 @@ def test_declared_corner_matches_the_reference(env, corner):
     """The Triton backend against the reference on each declared case of the corner (``out``
     poisoned by run_case where the case passes one)."""
     env(DSV4OPS_TRITON_TUNING=f"decode_block_h={HEAD_BLOCK}")
-    for case in declared(corner, "triton"):
+    for case in declared(corner):
         result = run_case(case, "triton", "cpu", seed=3)
         assert result.status == "pass", f"{case.id}: {result.message}\nrerun: {result.reproducer()}"
 
@@ -193,12 +188,30 @@ def test_heads_past_one_triton_head_block(env):
     assert result.status == "pass", f"{result.message}\nrerun: {result.reproducer()}"
 
 
+@needs_triton
+@pytest.mark.parametrize("main, extra", [("mxfp8_v41", "nvfp4_v41_inline"), ("mxfp8_v41_inline", "mxfp8_v41")])
+def test_v41_pages_of_any_pitch(env, main, extra):
+    """V4.1 pages of any width >= block_size * token_bytes: an odd pitch (records at unaligned
+    addresses) with NaN bytes (0xFF) in the padding; Triton reads the records the reference reads."""
+    env(DSV4OPS_TRITON_TUNING=f"decode_block_h={HEAD_BLOCK}")
+    params = dict(T=3, H=8, topk=32, layout=main, block_size=16, extra_topk=32, extra_block_size=16,
+                  extra_layout=extra)
+    kw = make_case("sparse_mla_decode", **params).build("cpu", 5)
+    for name, layout in (("kv_cache", main), ("extra_kv_cache", extra)):
+        used = formats.Layout.of(layout).min_page_bytes(16)
+        wide = torch.full((kw[name].shape[0], used + 13), 0xFF, dtype=torch.uint8)
+        wide[:, :used] = kw[name][:, :used]
+        kw[name] = wide
+    want = dsv4ops.sparse_mla_decode(**kw, backend="reference")
+    judge(params, kw, want, kw, dsv4ops.sparse_mla_decode(**kw, backend="triton"))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("corner", ["all_invalid", "zero_len"])
 def test_nothing_selected_gives_zeros_and_infinite_lse(backend, corner):
     """A token that selects nothing (every index -1, or both lengths 0): out 0 and lse +inf, sink or
     not; the other tokens unaffected."""
-    for case in declared(corner, backend):
+    for case in declared(corner):
         kw = case.build("cpu", 3)
         lonely = selected(kw) == 0
         assert lonely.any()
@@ -211,7 +224,7 @@ def test_nothing_selected_gives_zeros_and_infinite_lse(backend, corner):
 def test_minus_one_mid_row_is_skipped(backend):
     """-1 inside a row's valid prefix skips that entry and does not end the row: the same result as
     the lists with the valid entries moved to the front and the lengths cut to their count."""
-    for case in declared("pad_middle", backend):
+    for case in declared("pad_middle"):
         kw = case.build("cpu", 3)
         compact = dict(kw)
         for name, lens in (("indices", "topk_lens"), ("extra_indices", "extra_topk_lens")):
@@ -231,22 +244,21 @@ def test_nan_in_rows_nothing_selects(backend):
     """NaN in the cache rows that are not selected (past a row's length, or never listed) reaches
     neither out nor lse, in every layout."""
     layouts = set()
-    for case in declared("every_layout", backend):
+    for case in declared("every_layout"):
         kw = case.build("cpu", 3)
         layouts.add(kw["layout"])
         slots = torch.arange(kw["kv_cache"].shape[0] * kw["block_size"])
         assert formats.read_kv(kw["kv_cache"], kw["layout"], kw["block_size"], slots).isnan().any()
         out, lse = call(kw, backend)
         assert torch.isfinite(out).all() and not lse.isnan().any()
-    v41 = set() if backend in V41_PENDING else {"mxfp8_v41", "mxfp8_v41_inline"}
-    assert layouts == set(ATTENTION_LAYOUTS) | v41
+    assert layouts == set(ATTENTION_LAYOUTS) | {"mxfp8_v41", "mxfp8_v41_inline"}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sink_none_and_infinite(backend):
     """Sink +inf: out 0, lse as without a sink (lse excludes the sink); sink -inf: the same result
     as no sink, bit for bit."""
-    for case in declared("sink_inf", backend):
+    for case in declared("sink_inf"):
         kw = case.build("cpu", 3)
         plus = kw["attn_sink"] == math.inf
         assert plus.any() and (kw["attn_sink"] == -math.inf).any()
@@ -260,7 +272,7 @@ def test_sink_none_and_infinite(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_need_lse_false(backend):
     """``need_lse=False``: lse is None and out is the one ``need_lse=True`` gives."""
-    for case in declared("no_lse", backend):
+    for case in declared("no_lse"):
         kw = case.build("cpu", 3)
         out, lse = call(kw, backend)
         assert lse is None
