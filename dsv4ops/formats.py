@@ -14,9 +14,10 @@ KV cache layouts (``layout=``), docs/ops.md §1:
 * ``"bf16"``: bf16 ``[num_blocks, block_size, 512]``.
 * ``"fp8_per_tensor"``: float8_e4m3fn ``[num_blocks, block_size, 512]`` holding ``sat(k / kv_scale)``.
 
-Indexer key cache (docs/ops.md §3): uint8 ``[num_blocks, block_size, 1, 132]``; per page the
-``block_size * 128`` fp8 values come first, then ``block_size`` fp32 scales (the strides of the
-4-D view do not describe single tokens).
+Indexer key caches (docs/ops.md §3): uint8 ``[num_blocks, block_size, 1, token_bytes]``; per page
+the values of every token come first, then their scales (the strides of the 4-D view do not
+describe single tokens). ``"index_fp8"`` (V4, 132 B): 128 fp8 values, one fp32 scale;
+``"index_mxfp4"`` (V4.1, 68 B): 64 bytes of e2m1 pairs, 4 UE8M0 bytes (one per 32 values).
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from typing import ClassVar
 import torch
 
 from .quant import (
-    FP8_DTYPE, FP8_MAX, MX_BLOCK, NV_BLOCK, as_float, decode_mxfp8, decode_nvfp4, encode_mxfp8, encode_nvfp4,
-    pack_ue8m0_scales, to_fp8, ue8m0_scale, ue8m0_to_float,
+    FP8_DTYPE, FP8_MAX, MX_BLOCK, NV_BLOCK, as_float, decode_mxfp4, decode_mxfp8, decode_nvfp4, encode_mxfp4,
+    encode_mxfp8, encode_nvfp4, pack_ue8m0_scales, to_fp8, ue8m0_scale, ue8m0_to_float,
 )
 
 HEAD_DIM = 512
@@ -49,7 +50,8 @@ NVFP4_TOKEN_BYTES = NVFP4_DATA_BYTES + NVFP4_SCALE_BYTES                      # 
 NVFP4_PAGE_ALIGN = 256
 
 INDEX_DIM = 128
-INDEX_TOKEN_BYTES = INDEX_DIM + 4       # 132
+INDEX_TOKEN_BYTES = INDEX_DIM + 4       # 132: the V4 fp8 key
+INDEX_MXFP4_TOKEN_BYTES = INDEX_DIM // 2 + INDEX_DIM // MX_BLOCK    # 68: the V4.1 MXFP4 key
 
 @dataclass(frozen=True, eq=False)      # one instance per layout: compared and hashed by identity
 class Layout:
@@ -77,11 +79,17 @@ class Layout:
     INDEX_FP8: ClassVar[int] = 3          # the indexer key cache: 128 fp8 + an fp32 scale per token
     MXFP8: ClassVar[int] = 4              # V4.1: 512 e4m3 + 16 UE8M0 scales (528 B)
     NVFP4: ClassVar[int] = 5              # V4.1: 512 e2m1 (256 B) + 32 e4m3 scales (288 B)
+    INDEX_MXFP4: ClassVar[int] = 6        # V4.1 indexer keys: 128 e2m1 (64 B) + 4 UE8M0 scales (68 B)
 
     @property
     def head_dim(self) -> int:
-        """Values per token: 512 for the attention caches, 128 for the indexer key cache."""
-        return INDEX_DIM if self.kind == Layout.INDEX_FP8 else HEAD_DIM
+        """Values per token: 512 for the attention caches, 128 for the indexer key caches."""
+        return INDEX_DIM if self.is_index else HEAD_DIM
+
+    @property
+    def is_index(self) -> bool:
+        """An indexer key cache, uint8 ``[num_blocks, block_size, 1, token_bytes]`` (docs/ops.md §3)."""
+        return self.kind in (Layout.INDEX_FP8, Layout.INDEX_MXFP4)
 
     @property
     def is_ds_mla(self) -> bool:
@@ -116,7 +124,7 @@ class Layout:
     def cache_shape(self, num_blocks: int, block_size: int, page_bytes: int | None = None) -> tuple[int, ...]:
         if self.is_paged_bytes:
             return (num_blocks, self.page_bytes(block_size) if page_bytes is None else page_bytes)
-        if self.kind == Layout.INDEX_FP8:
+        if self.is_index:
             return (num_blocks, block_size, 1, self.token_bytes)
         return (num_blocks, block_size, HEAD_DIM)
 
@@ -152,8 +160,12 @@ LAYOUTS = {layout.name: layout for layout in (
     Layout("nvfp4_v41", Layout.NVFP4, *_V41, NVFP4_TOKEN_BYTES, **_NVFP4_RECORD),
     Layout("nvfp4_v41_inline", Layout.NVFP4, *_V41, NVFP4_TOKEN_BYTES, inline=True, **_NVFP4_RECORD),
 )}
-# The indexer key cache (docs/ops.md §3): written by compress_kv_insert, read by paged_mqa_logits.
-INDEX_FP8 = Layout("index_fp8", Layout.INDEX_FP8, torch.uint8, torch.float8_e4m3fn, "ocp", INDEX_TOKEN_BYTES)
+# The indexer key caches (docs/ops.md §3): written by compress_kv_insert, read by paged_mqa_logits.
+INDEX_FP8 = Layout("index_fp8", Layout.INDEX_FP8, torch.uint8, torch.float8_e4m3fn, "ocp", INDEX_TOKEN_BYTES,
+                   data_bytes=INDEX_DIM, scale_bytes=4, scale_block=INDEX_DIM)
+INDEX_MXFP4 = Layout("index_mxfp4", Layout.INDEX_MXFP4, torch.uint8, torch.uint8, None, INDEX_MXFP4_TOKEN_BYTES,
+                     data_bytes=INDEX_DIM // 2, scale_bytes=INDEX_DIM // MX_BLOCK, scale_block=MX_BLOCK)
+INDEX_LAYOUTS = {layout.name: layout for layout in (INDEX_FP8, INDEX_MXFP4)}
 # What the compressor writes: the C4 / C128 attention entries, or C4's indexer keys.
 COMPRESSED_LAYOUTS = {"fp8_ds_mla": LAYOUTS["fp8_ds_mla"], "index_fp8": INDEX_FP8,
                       **{name: LAYOUTS[name] for name in ("nvfp4_v41", "nvfp4_v41_inline")}}
@@ -347,38 +359,65 @@ def convert_kv_cache(cache: torch.Tensor, src_layout, dst_layout, block_size: in
 # ---------------------------------------------------------------------------------------------
 # Indexer key cache (docs/ops.md §3)
 
-def pack_index_keys(keys: torch.Tensor, scale_fmt: str = "fp32") -> torch.Tensor:
-    """Keys ``[num_blocks, block_size, 128]`` -> uint8 ``[num_blocks, block_size, 1, 132]``.
+def index_layout(cache_or_layout) -> Layout:
+    """The indexer key layout of a cache (by its last dim: 132 or 68 bytes) or of a layout name."""
+    if isinstance(cache_or_layout, torch.Tensor):
+        by_bytes = {layout.token_bytes: layout for layout in INDEX_LAYOUTS.values()}
+        width = cache_or_layout.shape[-1] if cache_or_layout.dim() else None
+        if width not in by_bytes:
+            raise ValueError(f"an indexer key cache ends in one of {sorted(by_bytes)} bytes per token, "
+                             f"got shape {list(cache_or_layout.shape)}")
+        return by_bytes[width]
+    return Layout.of(cache_or_layout, INDEX_LAYOUTS)
 
-    Per token: ``scale = amax / 448`` (``"fp32"``, DeepGEMM test style) or the power of two
-    ``2**ceil(log2(amax / 448))`` (``"ue8m0"``, V4 compressor style), with ``amax >= 1e-4``;
-    values ``sat_e4m3(k / scale)``. Scales are stored as fp32 after the page's values.
+
+def pack_index_keys(keys: torch.Tensor, scale_fmt: str = "fp32", layout="index_fp8") -> torch.Tensor:
+    """Keys ``[num_blocks, block_size, 128]`` -> uint8 ``[num_blocks, block_size, 1, token_bytes]``.
+
+    ``"index_fp8"`` (132 B): per token ``scale = amax / 448`` (``scale_fmt="fp32"``, DeepGEMM test
+    style) or the power of two ``2**ceil(log2(amax / 448))`` (``"ue8m0"``, V4 compressor style),
+    with ``amax >= 1e-4``; values ``sat_e4m3(k / scale)``; fp32 scales after the page's values.
+    ``"index_mxfp4"`` (68 B): ``quant.encode_mxfp4`` per token (``scale_fmt`` is not used); the
+    page's 64 B value rows, then its 4 B UE8M0 rows.
     """
+    layout = index_layout(layout)
     if keys.dim() != 3 or keys.shape[-1] != INDEX_DIM:
         raise ValueError(f"pack_index_keys: keys must be [num_blocks, block_size, {INDEX_DIM}], got {list(keys.shape)}")
     if scale_fmt not in ("fp32", "ue8m0"):
         raise ValueError(f"pack_index_keys: scale_fmt must be 'fp32' or 'ue8m0', got {scale_fmt!r}")
     nb, bs, _ = keys.shape
     keys = keys.to(torch.float32)
-    amax = keys.abs().amax(-1).clamp_min(AMAX_FLOOR)
-    scale = amax / FP8_MAX["ocp"] if scale_fmt == "fp32" else ue8m0_scale(amax)[0]
-    values = to_fp8(keys / scale.unsqueeze(-1)).view(torch.uint8).reshape(nb, bs * INDEX_DIM)
-    page = torch.cat([values, scale.contiguous().view(torch.uint8).reshape(nb, bs * 4)], dim=1)
-    return page.view(nb, bs, 1, INDEX_TOKEN_BYTES)
+    if layout.kind == Layout.INDEX_MXFP4:
+        values, scale_bytes = encode_mxfp4(keys.reshape(nb * bs, INDEX_DIM))
+    else:
+        amax = keys.abs().amax(-1).clamp_min(AMAX_FLOOR)
+        scale = amax / FP8_MAX["ocp"] if scale_fmt == "fp32" else ue8m0_scale(amax)[0]
+        values = to_fp8(keys / scale.unsqueeze(-1)).view(torch.uint8)
+        scale_bytes = scale.contiguous().view(torch.uint8)
+    page = torch.cat([values.reshape(nb, bs * layout.data_bytes), scale_bytes.reshape(nb, bs * layout.scale_bytes)],
+                     dim=1)
+    return page.view(nb, bs, 1, layout.token_bytes)
 
 
 def index_key_views(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp8 values ``[num_blocks, block_size, 128]`` and fp32 scales ``[num_blocks, block_size]``."""
+    """The values and scales of an indexer key cache, as views of its storage: 132 B keys give fp8
+    ``[num_blocks, block_size, 128]`` and fp32 ``[num_blocks, block_size]``; 68 B keys give packed
+    e2m1 uint8 ``[num_blocks, block_size, 64]`` and UE8M0 uint8 ``[num_blocks, block_size, 4]``."""
+    layout = index_layout(cache)
     nb, bs = cache.shape[0], cache.shape[1]
-    flat = cache.reshape(nb, bs * INDEX_TOKEN_BYTES)
-    values = flat[:, :bs * INDEX_DIM].view(torch.float8_e4m3fn).view(nb, bs, INDEX_DIM)
-    scales = flat[:, bs * INDEX_DIM:].contiguous().view(torch.float32)
-    return values, scales
+    flat = cache.reshape(nb, bs * layout.token_bytes)
+    values = flat[:, :bs * layout.data_bytes].view(nb, bs, layout.data_bytes)
+    scales = flat[:, bs * layout.data_bytes:].view(nb, bs, layout.scale_bytes)
+    if layout.kind == Layout.INDEX_MXFP4:
+        return values, scales
+    return values.view(torch.float8_e4m3fn), scales.contiguous().view(torch.float32).view(nb, bs)
 
 
 def unpack_index_keys(cache: torch.Tensor) -> torch.Tensor:
-    """Index key cache -> dequantized fp32 keys ``[num_blocks, block_size, 128]``."""
+    """Indexer key cache (132 B or 68 B keys) -> dequantized fp32 keys ``[num_blocks, block_size, 128]``."""
     values, scales = index_key_views(cache)
+    if index_layout(cache).kind == Layout.INDEX_MXFP4:
+        return decode_mxfp4(values, scales)
     return values.to(torch.float32) * scales.unsqueeze(-1)
 
 
@@ -416,7 +455,8 @@ def to_global_indices(local: torch.Tensor, block_table: torch.Tensor, token_to_r
 
 
 __all__ = [
-    "LAYOUTS", "HEAD_DIM", "NOPE_DIM", "ROPE_DIM", "INDEX_DIM", "INDEX_TOKEN_BYTES",
+    "LAYOUTS", "INDEX_LAYOUTS", "HEAD_DIM", "NOPE_DIM", "ROPE_DIM", "INDEX_DIM", "INDEX_TOKEN_BYTES",
+    "INDEX_MXFP4_TOKEN_BYTES", "index_layout",
     "DS_MLA_TOKEN_BYTES", "ds_mla_page_bytes", "kv_cache_spec", "allocate_kv_cache",
     "ds_mla_views", "record_views", "encode_ds_mla", "decode_ds_mla", "encode_records", "decode_records",
     "convert_kv_cache", "write_kv", "read_kv", "pack_kv", "unpack_kv",

@@ -76,6 +76,7 @@ V41_DIM = 512
 MX_BLOCK = 32                           # MXFP8: values per UE8M0 scale
 MX_QUOTIENT_FLOOR = 1e-4                # MXFP8: floor on amax / 448 (FlashMLA tests/quant.py, vLLM)
 NV_BLOCK = 16                           # NVFP4: values per e4m3 scale
+MXFP4_QUOTIENT_FLOOR = 2.0 ** -126      # MXFP4: floor on amax / 6 (vLLM's amax floor 6 * 2**-126)
 E2M1_MAX = 6.0
 E4M3_MIN_SUBNORMAL = 2.0 ** -9
 E4M3_NAN_BYTE = 0x7F
@@ -86,10 +87,20 @@ _E2M1_UP_IF_GREATER = (0.25, 1.25, 2.5, 5.0)      # the tie goes down (to an eve
 _E2M1_UP_IF_AT_LEAST = (0.75, 1.75, 3.5)          # the tie goes up (to an even code)
 
 
-def _blocks(rows: torch.Tensor, block: int, what: str) -> torch.Tensor:
-    if rows.dim() != 2 or rows.shape[1] != V41_DIM:
-        raise ValueError(f"{what}: rows must be [N, {V41_DIM}], got {list(rows.shape)}")
-    return rows.to(torch.float32).reshape(rows.shape[0], V41_DIM // block, block)
+def _blocks(rows: torch.Tensor, block: int, what: str, dim: int = V41_DIM) -> torch.Tensor:
+    if rows.dim() != 2 or rows.shape[1] != dim:
+        raise ValueError(f"{what}: rows must be [N, {dim}], got {list(rows.shape)}")
+    return rows.to(torch.float32).reshape(rows.shape[0], dim // block, block)
+
+
+def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit codes uint8 ``[N, 2m]`` -> bytes ``[N, m]``: code ``2i`` in the low nibble of byte ``i``."""
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
+def _unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """Bytes ``[..., m]`` -> 4-bit codes ``[..., 2m]`` (low nibble first)."""
+    return torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(*packed.shape[:-1], -1)
 
 
 def encode_mxfp8(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,12 +156,42 @@ def encode_nvfp4(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     byte = torch.where(nan_block, E4M3_NAN_BYTE, scale.view(torch.uint8))
     codes = e2m1_code(blocks / scale.to(torch.float32).unsqueeze(-1))
     codes = torch.where(nan_block.unsqueeze(-1), 0, codes).to(torch.uint8).reshape(rows.shape[0], V41_DIM)
-    return codes[:, 0::2] | (codes[:, 1::2] << 4), byte
+    return _pack_nibbles(codes), byte
 
 
 def decode_nvfp4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """(packed e2m1 uint8 ``[..., 256]``, e4m3 scale bytes ``[..., 32]``) -> fp32 ``[..., 512]``."""
     lead = packed.shape[:-1]
-    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(*lead, -1, NV_BLOCK)
+    codes = _unpack_nibbles(packed).reshape(*lead, -1, NV_BLOCK)
     scale = scales.contiguous().view(torch.float8_e4m3fn).to(torch.float32)
     return (e2m1_value(codes) * scale.unsqueeze(-1)).reshape(*lead, V41_DIM)
+
+
+def encode_mxfp4(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 rows ``[N, D]`` (D a multiple of 32) -> (packed e2m1 uint8 ``[N, D / 2]``, UE8M0 scales
+    uint8 ``[N, D / 32]``): the V4.1 indexer's MXFP4 keys and queries (docs/ops.md §3.1).
+
+    Per 32 consecutive values: ``e = max(ceil(log2(amax / 6)), -126)`` (fp32 quotient, exact; the
+    floor is vLLM's amax floor ``6 * 2**-126``), byte ``e + 127``, values ``e2m1_RNE(x / 2**e)``
+    saturating at ±6, the sign kept for values that round to zero; nibbles ordered as in
+    ``encode_nvfp4``. A NaN or an infinity in a block makes its byte 255 (UE8M0 NaN) and its
+    nibbles 0.
+    """
+    if rows.dim() != 2 or rows.shape[1] % MX_BLOCK:
+        raise ValueError(f"encode_mxfp4: rows must be [N, D] with D a multiple of {MX_BLOCK}, "
+                         f"got {list(rows.shape)}")
+    blocks = _blocks(rows, MX_BLOCK, "encode_mxfp4", rows.shape[1])
+    amax = blocks.abs().amax(-1)
+    bad = ~torch.isfinite(amax)
+    exponent = ceil_log2((amax / E2M1_MAX).clamp_min(MXFP4_QUOTIENT_FLOOR))
+    byte = torch.where(bad, 255, exponent + 127).to(torch.uint8)
+    codes = e2m1_code(blocks / ue8m0_to_float(byte).unsqueeze(-1))
+    codes = torch.where(bad.unsqueeze(-1), 0, codes).to(torch.uint8).reshape(rows.shape)
+    return _pack_nibbles(codes), byte
+
+
+def decode_mxfp4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """(packed e2m1 uint8 ``[..., D / 2]``, UE8M0 bytes ``[..., D / 32]``) -> fp32 ``[..., D]``."""
+    lead = packed.shape[:-1]
+    codes = _unpack_nibbles(packed).reshape(*lead, -1, MX_BLOCK)
+    return (e2m1_value(codes) * ue8m0_to_float(scales).unsqueeze(-1)).reshape(*lead, -1)

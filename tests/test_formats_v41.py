@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from dsv4ops import formats
-from dsv4ops.quant import decode_mxfp8, decode_nvfp4, e2m1_code, encode_mxfp8, encode_nvfp4
+from dsv4ops.quant import (
+    decode_mxfp4, decode_mxfp8, decode_nvfp4, e2m1_code, encode_mxfp4, encode_mxfp8, encode_nvfp4,
+)
 
 V41 = ("mxfp8_v41", "mxfp8_v41_inline", "nvfp4_v41", "nvfp4_v41_inline")
 
@@ -116,3 +118,42 @@ def test_convert_ds_mla_to_mxfp8(gen):
     assert torch.equal(formats.unpack_kv(back, "fp8_ds_mla", 16)[:, 448:], b[:, 448:])   # e4m3 -> bf16 exact
     with pytest.raises(ValueError, match="no conversion"):
         formats.convert_kv_cache(v41, "mxfp8_v41", "nvfp4_v41", 16)
+
+
+def test_mxfp4_index_key_by_hand():
+    # block 0: amax 6 -> e = ceil(log2(1)) = 0 -> byte 127; 6 -> code 7, -0.75 ties to even 1.0 -> 0xA,
+    #          -0.1 rounds to 0 keeping its sign -> 0x8, 2.5 ties down to 2 -> 0x4
+    # block 1: amax 12 -> e = 1 -> byte 128; 12 / 2 = 6 -> code 7
+    # block 2: all zero -> quotient floored at 2^-126 -> byte 1
+    # block 3: NaN -> byte 255, nibbles 0
+    row = torch.zeros(1, 128)
+    row[0, :4] = torch.tensor([6.0, -0.75, -0.1, 2.5])
+    row[0, 32:34] = torch.tensor([12.0, 1.0])
+    row[0, 96:98] = torch.tensor([1.0, float("nan")])
+    packed, scales = encode_mxfp4(row)
+    assert scales[0].tolist() == [127, 128, 1, 255]
+    assert packed[0, :2].tolist() == [0x7 | 0xA << 4, 0x8 | 0x4 << 4]
+    assert packed[0, 16] == 0x7 | 0x1 << 4              # 12 / 2 = 6 -> 7; 1 / 2 = 0.5 -> 1
+    assert bool((packed[0, 48:] == 0).all())
+    back = decode_mxfp4(packed, scales)
+    assert back[0, :4].tolist() == [6.0, -1.0, -0.0, 2.0] and back[0, 32:34].tolist() == [12.0, 1.0]
+    assert back[0, 96:].isnan().all() and bool((back[0, 64:96] == 0).all())
+
+
+def test_index_key_layouts_pack_and_unpack(gen):
+    keys = torch.randn(3, 8, 128, generator=gen) * torch.rand(3, 8, 1, generator=gen)
+    cache = formats.pack_index_keys(keys, layout="index_mxfp4")
+    assert cache.shape == (3, 8, 1, 68) and formats.index_layout(cache).name == "index_mxfp4"
+    values, scales = formats.index_key_views(cache)
+    flat = cache.reshape(3, 8 * 68)
+    assert torch.equal(flat[:, :8 * 64].reshape(3, 8, 64), values)      # value rows first, then scale rows
+    assert torch.equal(flat[:, 8 * 64:].reshape(3, 8, 4), scales)
+    ref_packed, ref_scales = encode_mxfp4(keys.reshape(24, 128))
+    assert torch.equal(values.reshape(24, 64), ref_packed) and torch.equal(scales.reshape(24, 4), ref_scales)
+    back = formats.unpack_index_keys(cache)
+    assert ((back - keys).abs() <= keys.abs().reshape(3, 8, 4, 32).amax(-1, keepdim=True).expand(3, 8, 4, 32)
+            .reshape(3, 8, 128) / 6 * 2 + 1e-30).all()                # at most a scale step per value
+    fp8 = formats.pack_index_keys(keys)
+    assert formats.index_layout(fp8).name == "index_fp8" and formats.unpack_index_keys(fp8).shape == keys.shape
+    with pytest.raises(ValueError, match="68"):
+        formats.index_layout(torch.zeros(2, 4, 1, 100, dtype=torch.uint8))
