@@ -34,7 +34,7 @@ if has tune; then
   DSV4OPS_TUNING_TABLE="$out/tuning.json" $step auto triton \
     "sparse_mla_decode=flashmla,paged_mqa_logits=deepgemm,fp8_einsum=deepgemm,*=triton" 2>&1 | tee "$out/example_tuned.txt"
 fi
-has pytest && python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_large_addressing.py" "$repo/tests/test_cuda_graphs.py" \
+has pytest && python3 -m pytest -q -p no:cacheprovider "$repo/tests/test_large_addressing.py" "$repo/tests/test_cuda_graphs.py" "$repo/tests/test_capture_every_op.py" \
   "$repo/tests/test_example.py" "$repo/tests/test_torch_ops.py" "$repo/tests/test_prepared.py" 2>&1 | tail -25 | tee "$out/pytest_gpu.txt"
 # API drift on the GPU machine: the adapters' recorded calls bound to the installed vendor wheels
 # (FlashMLA, DeepGEMM, and whatever else .whl/ carried); -rs names the ones not importable here.

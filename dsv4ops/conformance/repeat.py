@@ -27,7 +27,7 @@ def _same_bits(a, b) -> bool:
         a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
-def _differs(op, baseline_kwargs, baseline, kwargs, result) -> str | None:
+def differs(op, baseline_kwargs, baseline, kwargs, result) -> str | None:
     """Which returned or written tensor differs from the baseline's, if one does (elements the op's
     contract leaves unspecified, ``conformance.unspecified``, are not compared)."""
     declared = op.spec.conformance.unspecified
@@ -56,7 +56,7 @@ def check_repeatable(op, backend: str, inputs: dict, baseline_kwargs: dict, base
     for bit; else the failing verdict. ``inputs``: the case's arguments before any call."""
     for launch in range(2, times + 1):
         kwargs = _fresh(op, inputs, poison)
-        where = _differs(op, baseline_kwargs, baseline, kwargs, op.function(**kwargs, backend=backend))
+        where = differs(op, baseline_kwargs, baseline, kwargs, op.function(**kwargs, backend=backend))
         if where:
             return Verdict(False, message=f"repeat: launch {launch} of {times} differs from the first in {where}")
     device = next(v.device for v in inputs.values() if isinstance(v, torch.Tensor))
@@ -78,5 +78,5 @@ def check_repeatable(op, backend: str, inputs: dict, baseline_kwargs: dict, base
     restore()
     graph.replay()
     torch.cuda.synchronize(device)
-    where = _differs(op, baseline_kwargs, baseline, static, captured)
+    where = differs(op, baseline_kwargs, baseline, static, captured)
     return Verdict(False, message=f"repeat: the graph replay differs from the eager call in {where}") if where else None
