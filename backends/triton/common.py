@@ -140,15 +140,11 @@ def mxfp8_encode(x, R: tl.constexpr, SOFT: tl.constexpr):
 
 
 @triton.jit
-def e2m1_to_f32(code):
-    """4-bit e2m1 codes (low nibble of an integer tile) -> fp32, from the bits: exponent field 0 is
-    0 / 0.5, else ``(1 + m/2) * 2**(exp - 1)``; bit 3 the sign."""
-    c = code.to(tl.int32)
-    exp = (c >> 1) & 3
-    man = c & 1
-    mag = tl.where(exp == 0, man.to(tl.float32) * 0.5,
-                   (((exp + 126) << 23) | (man << 22)).to(tl.float32, bitcast=True))
-    return tl.where((c & 8) != 0, -mag, mag)
+def e2m1_as_e4m3(code):
+    """4-bit e2m1 codes (low nibble of a uint8 tile) -> the e4m3 bytes of ``value * 2**-6``, exactly:
+    the exponent and mantissa bits land in e4m3's low exponent and top mantissa bits (exponent
+    field 0, e2m1's 0 / 0.5, becomes e4m3's subnormal 0 / 2**-7), bit 3 the sign."""
+    return ((code & 8) << 4) | ((code & 7) << 2)
 
 
 @triton.jit
@@ -168,8 +164,9 @@ def e2m1_encode(x):
 def nvfp4_decode(packed, scales, R: tl.constexpr, SOFT: tl.constexpr):
     """NVFP4 record -> fp32 ``[R, 512]``: packed e2m1 (uint8 ``[R, 256]``, value 2i in the low nibble
     of byte i) times the e4m3 scale (uint8 ``[R, 32]``, one per 16 values)."""
-    v = tl.reshape(tl.join(e2m1_to_f32(packed & 0xF), e2m1_to_f32(packed >> 4)), (R, 32, 16))
-    return tl.reshape(v * e4m3_byte_to_f32(scales, SOFT)[:, :, None], (R, 512))
+    codes = tl.reshape(tl.join(e2m1_as_e4m3(packed & 0xF), e2m1_as_e4m3(packed >> 4)), (R, 32, 16))
+    v = e4m3_byte_to_f32(codes, SOFT)                       # value * 2**-6, through the fp8 conversion
+    return tl.reshape(v * (e4m3_byte_to_f32(scales, SOFT) * 64.0)[:, :, None], (R, 512))
 
 
 @triton.jit
