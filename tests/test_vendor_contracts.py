@@ -100,7 +100,8 @@ def test_flashmla_prefill_contract(flashmla, arch):
     assert {r.case.kwargs["layout"] for r in ran} == {"fp8_ds_mla", "bf16"}
     assert any(r.case.kwargs.get("corner") == "all_invalid" for r in ran)
     skipped = [r.message for r in results if r.status == "skip"]
-    assert skipped and all(m.startswith(("layout fp8_per_tensor", "layout mxfp8_v41")) for m in skipped)  # V4.1: not routed
+    assert skipped and all(m.startswith(("layout fp8_per_tensor", "layout mxfp8_v41")) for m in skipped)
+    assert all("no sparse prefill over the V4.1 records" in m for m in skipped if m.startswith("layout mxfp8_v41"))
 
 
 def test_flashmla_prefill_declines_without_sink(monkeypatch, flashmla):
@@ -305,6 +306,76 @@ def test_flashmla_v41_needs_a_v41_release(monkeypatch):
     call = dsv4ops.OPS["sparse_mla_decode"].validate_call(**kw).key
     with dsv4ops.simulate_platform("cuda", "sm100"):
         assert "dropped the V4 584 B record" in adapter.decode_records(dsv4ops.platform(), call)
+
+
+_V41_PREFILL_LAYOUTS = [{"layout": "mxfp8_v41", "extra_layout": "nvfp4_v41"},
+                        {"layout": "mxfp8_v41", "extra_layout": "mxfp8_v41"},
+                        {"layout": "mxfp8_v41_inline", "extra_layout": "nvfp4_v41_inline"}, {"layout": "mxfp8_v41"}]
+
+
+def _flashmla_generation(monkeypatch, generation, calls):
+    """The fake of ``generation`` installed (the inline one: 0924's module with ``api`` reporting it)."""
+    import dsv4ops.backends.flashmla as adapter
+    from fakes import flashmla as fake_flashmla
+    fake_flashmla.install(monkeypatch, wrap=_recording(calls), v41=generation != "v4")
+    if generation == "v41-inline":
+        monkeypatch.setattr(adapter, "api", lambda: "v41-inline")
+
+
+@pytest.mark.parametrize("generation", ["v4", "v41", "v41-inline"])
+@pytest.mark.parametrize("arch", ["sm90", "sm100"])
+def test_flashmla_v41_prefill_declines(monkeypatch, generation, arch):
+    """No generation's sparse prefill reads the 528 / 288 B records (flash_mla_sparse_fwd takes a bf16 kv;
+    0924's V4.1 kernels are decode only): every V4.1 prefill call is declined with that reason before any
+    vendor call, on SM90 and SM100, split and inline pages, each extra layout and none."""
+    from dsv4ops.backends.flashmla import NO_V41_PREFILL
+    calls = []
+    _flashmla_generation(monkeypatch, generation, calls)
+    with reprobed(monkeypatch, "flashmla"), dsv4ops.simulate_platform("cuda", arch):
+        for layouts in _V41_PREFILL_LAYOUTS:
+            extra = {"extra_topk": 128, "extra_block_size": 64} if "extra_layout" in layouts else {}
+            kw = make_case("sparse_mla_prefill", T=3, H=64, topk=128, **layouts, **extra).build("cpu", 0)
+            d = dsv4ops.explain("sparse_mla_prefill", **kw, backend="flashmla")
+            reasons = [c.status for c in d.candidates if c.implementation.startswith("flashmla")]
+            assert d.selected is None and len(reasons) == 1
+            assert f"layout {layouts['layout']}: {NO_V41_PREFILL} (installed: API {generation})" in reasons[0]
+            with pytest.raises(dsv4ops.UnsupportedError, match="no sparse prefill over the V4.1 records"):
+                dsv4ops.sparse_mla_prefill(**kw, backend="flashmla")
+    assert not calls
+
+
+@pytest.mark.parametrize("generation, arch, runs", [
+    ("v41", "sm90", True), ("v41", "sm103", True), ("v41-inline", "sm100", True),
+    ("v41-inline", "sm90", False), ("v41", "sm120", False), ("v4", "sm120", False)])
+def test_flashmla_prefill_arch_per_generation(monkeypatch, generation, arch, runs):
+    """V4 prefill (the gathered workspace) on the arch each generation's flash_mla_sparse_fwd is built for:
+    0924 keeps SM90 and SM100; upstream's inline generation raises on anything but SM100f."""
+    from dsv4ops.backends.flashmla import PREFILL_ARCHS
+    calls = []
+    _flashmla_generation(monkeypatch, generation, calls)
+    with reprobed(monkeypatch, "flashmla"):
+        case = make_case("sparse_mla_prefill", T=3, H=16, topk=64, layout="fp8_ds_mla", extra_topk=64,
+                         extra_block_size=16, corner="pad_middle")
+        with dsv4ops.simulate_platform("cuda", arch):
+            result = run_case(case, "flashmla", "cpu", seed=2)
+    if runs:
+        assert result.status == "pass", result.message
+        assert [path for path, _, _ in calls] == ["flash_mla:flash_mla_sparse_fwd"]
+    else:
+        archs = ", ".join(PREFILL_ARCHS[generation])
+        assert result.status == "skip" and not calls
+        assert f"arch {arch}: this flash_mla (API {generation}) builds flash_mla_sparse_fwd for {archs} only" \
+            in result.message
+
+
+def test_flashmla_prefill_fake_checks_the_arch():
+    """The fake refuses to run where the wheel has no sparse prefill kernels (and takes bf16 rows only)."""
+    from fakes import flashmla as fake_flashmla
+    q, kv, idx = torch.zeros(1, 64, 512).bfloat16(), torch.zeros(4, 1, 512).bfloat16(), torch.zeros(1, 1, 64).int()
+    with dsv4ops.simulate_platform("cuda", "sm120"), pytest.raises(AssertionError, match="SM90 / SM100"):
+        fake_flashmla.flash_mla_sparse_fwd(q, kv, idx, 0.04)
+    with dsv4ops.simulate_platform("cuda", "sm100"), pytest.raises(AssertionError):
+        fake_flashmla.flash_mla_sparse_fwd(q, torch.zeros(4, 1, 528, dtype=torch.uint8), idx, 0.04)
 
 
 DEEPGEMM_GENERATIONS = ["2.8", "2.5", "legacy"]

@@ -1,7 +1,8 @@
 """FlashMLA (``flash_mla``): sparse MODEL1 decode and sparse prefill on SM90 / SM100.
 
 Prefill reads a gathered bf16 workspace (built in prefill.py), so it serves the layouts whose
-rows dequantize exactly to bf16: fp8_ds_mla and bf16 (fp8_per_tensor has an fp8 query).
+rows dequantize exactly to bf16: fp8_ds_mla and bf16 (fp8_per_tensor has an fp8 query). No FlashMLA
+prefill reads the V4.1 records (``prefill_records``).
 
 Decode also reads the V4.1 records (528 B ``mxfp8_v41*`` main cache, 528 / 288 B ``nvfp4_v41*`` extra
 cache) where the installed FlashMLA declares them (``api()``) and the device is SM100 / SM103."""
@@ -138,6 +139,31 @@ def v41_records(plat: Platform, call) -> str | None:
     return None
 
 
+# Sparse prefill, per generation. ``flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink,
+# topk_length)`` takes a flat bf16 ``kv [s_kv, h_kv, d_qk]`` in every generation, so the adapter gathers one
+# (prefill.py). The 0924 wheel has no prefill over the 528 / 288 B records: its fused_norm_rope_attn_rope_cast
+# .prefill takes a bf16 kv too; only its decode entries read V4.1 pages. Kernels: the 0924 library carries
+# Fwd_Sm90_Impl and Fwd_Sm100_{Head64,Head128,Head128_Small_TopK}_Impl; upstream's inline generation raises
+# on anything but SM100f (deepseek-ai/FlashMLA csrc/api/sparse_prefill.cpp, commit 136b361a).
+PREFILL_ARCHS = {"v4": ("sm90", "sm100", "sm103"), "v41": ("sm90", "sm100", "sm103"), "v41-inline": V41_ARCHS}
+PREFILL_LAYOUTS = ("fp8_ds_mla", "bf16")
+NO_V41_PREFILL = ("FlashMLA has no sparse prefill over the V4.1 records: flash_mla_sparse_fwd (and "
+                  "fused_norm_rope_attn_rope_cast.prefill) take a flat bf16 kv [s_kv, 1, 512] in tokenspeed-flashmla "
+                  "1.0.0.post20260924; only its decode entries read 528 / 288 B pages")
+
+
+def prefill_records(plat: Platform, call) -> str | None:
+    """The gathered-workspace prefill: V4.1 caches declined (``NO_V41_PREFILL``), then the arch the installed
+    generation's ``flash_mla_sparse_fwd`` has kernels for, then the layouts the workspace serves."""
+    generation = api()
+    if call.layout.is_v41:          # the op pairs a V4.1 extra cache only with a V4.1 main cache
+        return f"layout {call.layout}: {NO_V41_PREFILL} (installed: API {generation})"
+    if plat.arch not in PREFILL_ARCHS[generation]:
+        return (f"arch {plat.arch}: this flash_mla (API {generation}) builds flash_mla_sparse_fwd for "
+                f"{', '.join(PREFILL_ARCHS[generation])} only")
+    return layout_in(*PREFILL_LAYOUTS)(plat, call)
+
+
 def decode_records(plat: Platform, call) -> str | None:
     """V4.1 main caches (MXFP8 records) go to ``v41_records``, the others to ``v4_records``."""
     return (v41_records if call.layout.kind == Layout.MXFP8 else v4_records)(plat, call)
@@ -145,8 +171,7 @@ def decode_records(plat: Platform, call) -> str | None:
 
 BACKEND.implements(
     "sparse_mla_prefill", "dsv4ops.backends.flashmla.prefill:sparse_mla_prefill",
-    supports=all_of(arch_in("sm90", "sm100", "sm103"), layout_in("fp8_ds_mla", "bf16"), sparse_fwd_available,
-                    build_has_kernels),
+    supports=all_of(prefill_records, sparse_fwd_available, build_has_kernels),
     cannot_capture=workspace.CANNOT_CAPTURE,
 )
 BACKEND.implements(

@@ -14,9 +14,14 @@ not pass), copied as a signature only; the body is our plain-PyTorch model:
   int32 indices ``[s_q, 1, topk]`` with topk a multiple of the kernel's index tile (64; 128 for
   h_q = 128 on SM100), fp32 sink ``[h_q]``.
 
-The arch (SM90 / SM100) is read from the simulated platform. ``flash_mla_with_kvcache`` (decode) checks
-its argument contract; on the V4 record it returns zeros (it records the decode adapter's calls for the
-drift tests), on the V4.1 records of tokenspeed-flashmla 1.0.0.post20260924 it computes the attention.
+tokenspeed-flashmla 1.0.0.post20260924 keeps this parameter list (its ``flash_mla_interface.py``) and
+still takes a bf16 ``kv`` only: it has no prefill over the 528 / 288 B records. Its library carries
+sparse prefill kernels for SM90 and SM100 (``Fwd_Sm90_Impl``, ``Fwd_Sm100_Head64_Impl``,
+``Fwd_Sm100_Head128[_Small_TopK]_Impl``): the fake checks the simulated platform's arch, and the
+last-dimension contiguity FlashMLA's ``csrc/api/sparse_prefill.cpp`` checks (deepseek-ai/FlashMLA 136b361a).
+``flash_mla_with_kvcache`` (decode) checks its argument contract; on the V4 record it returns zeros (it
+records the decode adapter's calls for the drift tests), on the V4.1 records of tokenspeed-flashmla
+1.0.0.post20260924 it computes the attention.
 """
 import sys
 import types
@@ -40,13 +45,15 @@ def flash_mla_sparse_fwd(
     topk_length: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     s_q, h_q, d_qk = q.shape
+    sim = current_simulation()
+    assert sim is not None and sim.arch in ("sm90", "sm100", "sm103"), "sparse prefill kernels: SM90 / SM100 only"
     assert q.dtype == torch.bfloat16 and kv.dtype == torch.bfloat16, (q.dtype, kv.dtype)
     assert d_qk == 512 and d_v == 512 and h_q in (64, 128), (d_qk, d_v, h_q)
     assert kv.dim() == 3 and kv.shape[1:] == (1, d_qk), kv.shape
     assert indices.dtype == torch.int32 and indices.dim() == 3 and indices.shape[:2] == (s_q, 1), indices.shape
+    assert all(t is None or t.stride(-1) == 1 for t in (q, kv, indices, attn_sink, topk_length)), "last dim contiguous"
     topk = indices.shape[2]
-    sim = current_simulation()
-    tile = 128 if sim is not None and sim.arch.startswith("sm10") and h_q == 128 else 64
+    tile = 128 if sim.arch.startswith("sm10") and h_q == 128 else 64
     assert topk % tile == 0, f"topk {topk} is not a multiple of {tile}"
     assert attn_sink is None or (attn_sink.dtype == torch.float32 and attn_sink.shape == (h_q,))
     assert topk_length is None or (topk_length.dtype == torch.int32 and topk_length.shape == (s_q,))
