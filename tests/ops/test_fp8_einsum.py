@@ -51,7 +51,7 @@ def test_tma_variant_falls_back_where_descriptors_cannot_address_a(env, pad, off
     from dsv4ops.backends.triton.fp8_einsum import _descriptors
     env(DSV4OPS_TRITON_TUNING="einsum_tma=1")
     a, a_scale, b, b_scale = _operands(5, 2, 128, 256, pad, offset)
-    assert (_descriptors(a, b, 16, 128) is not None) == tma
+    assert (_descriptors(a, b, 16, 128, 128) is not None) == tma
     got = dsv4ops.fp8_einsum("bhr,hdr->bhd", a, a_scale, b, b_scale, out_dtype=torch.float32, backend="triton")
     want = dsv4ops.fp8_einsum("bhr,hdr->bhd", a, a_scale, b, b_scale, out_dtype=torch.float32, backend="reference")
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
@@ -61,7 +61,7 @@ def test_descriptor_boxes_are_at_most_256_rows():
     from dsv4ops.backends.triton.fp8_einsum import _descriptors
     a = torch.zeros(4, 2, 256, dtype=torch.float8_e4m3fn)
     b = torch.zeros(2, 512, 256, dtype=torch.float8_e4m3fn)
-    assert _descriptors(a, b, 256, 256) is not None and _descriptors(a, b, 16, 512) is None
+    assert _descriptors(a, b, 256, 256, 128) is not None and _descriptors(a, b, 16, 512, 128) is None
 
 
 # --- the reference against loops -------------------------------------------------------------
