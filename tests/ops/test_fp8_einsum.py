@@ -19,16 +19,19 @@ from dsv4ops.sampling import quantize_blocks
 
 # --- the Triton loads the tunables choose ----------------------------------------------------
 
-TUNABLES = ["einsum_tma=0", "einsum_tma=1", "einsum_tma=1,einsum_block_m=32,einsum_block_n=256", "einsum_block_n=64"]
+TUNABLES = ["einsum_tma=0", "einsum_tma=1", "einsum_tma=1,einsum_block_m=32,einsum_block_n=256", "einsum_block_n=64",
+            "einsum_tma=1,einsum_block_n=32"]                               # 32 columns: one 32-wide weight block
 CASES = [dict(B=5, H=2, D=128, R=384),                              # 3 K steps
          dict(B=19, H=3, D=256, R=640, group_major=True, out=True),   # [H, B, R] transposed, 5 K steps
          dict(B=4, H=1, D=384, R=256, out_dtype=torch.float32),       # D = 1.5 column blocks of 256
-         dict(B=3, H=2, D=128, R=0)]                                  # no K step: exact zeros
+         dict(B=3, H=2, D=128, R=0),                                  # no K step: exact zeros
+         dict(B=19, H=3, D=96, R=160, block=32, group_major=True, out=True),   # 32-wide: 5 K steps, D < a column block
+         dict(B=4, H=1, D=288, R=96, block=32, out_dtype=torch.float32)]       # 9 weight blocks across 256 columns
 
 
 @needs_triton
 @pytest.mark.parametrize("tunables", TUNABLES)
-@pytest.mark.parametrize("params", CASES, ids=lambda p: f"B{p['B']}-D{p['D']}-R{p['R']}")
+@pytest.mark.parametrize("params", CASES, ids=lambda p: f"B{p['B']}-D{p['D']}-R{p['R']}-w{p.get('block', 128)}")
 def test_einsum_variants_match_the_reference(env, tunables, params):
     env(DSV4OPS_TRITON_TUNING=tunables)
     result = run_case(make_case("fp8_einsum", **params), "triton", "cpu", seed=3)
