@@ -37,8 +37,9 @@ def check(c: Checker, a):
     c.tensor("b_scale", a.b_scale, dtype=torch.float32, shape=(H, "D/w", "R/w"))
     block = scale_block(D, R, a.b_scale.shape[1:])
     if block is None:
-        c.fail("b_scale", f"must be [H, D/w, R/w] for square blocks of width w = 128 or 32, "
-                          f"{' or '.join(_blocks_shape(H, D, R, w) for w in SCALE_BLOCKS)}, got {list(a.b_scale.shape)}")
+        fits = " or ".join(_blocks_shape(H, D, R, w) for w in SCALE_BLOCKS)
+        c.fail("b_scale", f"must be [H, D/w, R/w] for square blocks of width w = 128 or 32, {fits}, "
+                          f"got {list(a.b_scale.shape)}")
     c.tensor("a_scale", a.a_scale, dtype=torch.float32, shape=(B, H, "R/w"))
     if a.a_scale.shape[2] != R // block:
         c.fail("a_scale", f"must be [B, H, R/{block}] = {[B, H, R // block]} (1 x {block} blocks, the width of "
@@ -63,9 +64,10 @@ def _powers_of_two(c: Checker, name: str, t: Tensor) -> None:
     """32-wide block scales are UE8M0 values: every one a power of two (checked where values are)."""
     if t.numel() == 0 or not c.values_checked(t):
         return
-    bad = (t.contiguous().view(torch.int32) & 0x7FFFFF) != 0      # a mantissa: not a power of two
+    dense = t.contiguous()
+    bad = (dense.view(torch.int32) & 0x7FFFFF) != 0               # a mantissa: not a power of two
     if bool(bad.any()):
-        c.fail(name, f"32 x 32 block scales must be powers of two (UE8M0 values), found {t[bad.view(t.shape)].flatten()[0].item()}")
+        c.fail(name, f"32 x 32 block scales must be powers of two (UE8M0 values), found {dense[bad][0].item()}")
 
 
 def fake(a):

@@ -158,7 +158,8 @@ def test_deepgemm_einsum_recipe_per_arch_and_width(monkeypatch, generation):
                 results = [run_case(c, "deepgemm", "cpu", seed=5) for c in _DG_32]
             assert [r.status for r in results] == ["pass"] * len(_DG_32), [r.message for r in results]
         else:
-            assert sm100_32 == f"32-wide scale blocks on sm100 are adapted for DeepGEMM API 2.8 (installed: API {generation})"
+            assert sm100_32 == ("32-wide scale blocks on sm100 are adapted for DeepGEMM API 2.8 "
+                                f"(installed: API {generation})")
 
 
 def test_deepgemm_sm100_fake_keeps_only_scale_exponents(monkeypatch):
