@@ -73,6 +73,19 @@ def pack_ue8m0_scales(scales: torch.Tensor) -> torch.Tensor:
 # DeepSeek-V4.1 token records (docs/ops.md §6): the bit-exact truth for every writer.
 
 V41_DIM = 512
+SCALE_BLOCKS = (128, 32)                # block-scaled fp8 GEMM operands: V4's 128 x 128 blocks, V4.1's 32 x 32
+
+
+def scale_block(D: int, R: int, scale_shape) -> int | None:
+    """The width ``w`` of the square blocks of a ``[D, R]`` fp8 operand whose scales have the shape
+    ``scale_shape`` = ``(D / w, R / w)``: 128 or 32 (128 where both fit, i.e. D = R = 0); None when
+    neither fits."""
+    for w in SCALE_BLOCKS:
+        if D % w == 0 and R % w == 0 and tuple(scale_shape) == (D // w, R // w):
+            return w
+    return None
+
+
 MX_BLOCK = 32                           # MXFP8: values per UE8M0 scale
 MX_QUOTIENT_FLOOR = 1e-4                # MXFP8: floor on amax / 448 (FlashMLA tests/quant.py, vLLM)
 NV_BLOCK = 16                           # NVFP4: values per e4m3 scale

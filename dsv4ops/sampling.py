@@ -87,11 +87,11 @@ def filled_cache(gen, layout, block_size, num_slots, selected, kv_scale, page_by
     return formats.pack_kv(rows, layout, block_size, kv_scale, page_bytes)
 
 
-def quantize_blocks(x: torch.Tensor, block_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 ``[..., M, K]`` -> fp8 values and power-of-two fp32 scales per ``block_rows x 128`` block
-    (``[..., ceil(M / block_rows), K / 128]``, or ``[..., M, K / 128]`` when ``block_rows == 1``)."""
+def quantize_blocks(x: torch.Tensor, block_rows: int, width: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 ``[..., M, K]`` -> fp8 values and power-of-two fp32 scales per ``block_rows x width`` block
+    (``[..., M / block_rows, K / width]``, or ``[..., M, K / width]`` when ``block_rows == 1``)."""
     *lead, M, K = x.shape
-    blocks = x.reshape(*lead, M // block_rows, block_rows, K // 128, 128)
+    blocks = x.reshape(*lead, M // block_rows, block_rows, K // width, width)
     amax = blocks.abs().amax(dim=(-3, -1)).clamp_min(1e-4)
     scale = ue8m0_scale(amax)[0]
     values = to_fp8(blocks / scale[..., None, :, None]).reshape(*lead, M, K)

@@ -427,8 +427,8 @@ def test_deepgemm_declines_sm100_with_the_reason(monkeypatch, generation):
                   for op, kw in calls.items()}
         with pytest.raises(dsv4ops.UnsupportedError, match="not adapted"):
             dsv4ops.mqa_logits(**calls["mqa_logits"], backend="deepgemm")
-    assert status["fp8_einsum"] == (f"DeepGEMM API {generation} on sm100 needs packed UE8M0 block scales: "
-                                    "not adapted (SM90 recipe only)")
+    assert status["fp8_einsum"] == (f"DeepGEMM API {generation} on sm100 keeps only the UE8M0 exponent of each fp32 "
+                                    "scale; 128-wide block scales may be any fp32 (32-wide ones, powers of two, are served)")
     assert all(status[op].startswith(_SM100_LOGITS_REASON.format(generation)) for op in ("mqa_logits", "paged_mqa_logits"))
 
 

@@ -1,4 +1,5 @@
-"""DeepGEMM (``deep_gemm``): paged and prefill MQA logits and block-scaled FP8 einsum, SM90 recipe.
+"""DeepGEMM (``deep_gemm``): paged and prefill MQA logits (SM90 recipe) and block-scaled FP8 einsum (SM90
+recipe for 128-wide scale blocks, SM100 recipe (1, 32, 32) for 32-wide ones).
 
 Two API generations, told apart by what the installed module declares (``api()``):
 - 2.5 (tokenspeed-deepgemm 2.5.x): ``fp8_fp4_mqa_logits(..., clean_logits, max_seqlen_k, logits_dtype)``,
@@ -12,6 +13,7 @@ import threading
 
 from dsv4ops.backend_support import all_of, declared_signature, import_probe
 from dsv4ops.platform import Platform
+from dsv4ops.quant import scale_block
 from dsv4ops.registry import Backend, register_backend
 from dsv4ops.vendor_wheels import install_hint
 
@@ -75,7 +77,29 @@ def sm90_recipe(sm100_needs: str):
 _SM100_LOGITS = sm90_recipe("MX (UE8M0, int32-packed) q and key scales, bf16 weights and, paged, `indices` with "
                             "next_n 1, and returns bf16 logits (rounding above the op's 1e-4 bound); dsv4ops' "
                             "index keys carry fp32 scales")
-_SM100_EINSUM = sm90_recipe("packed UE8M0 block scales")
+
+
+def einsum_recipe(plat: Platform, call) -> str | None:
+    """The scale-block width each arch's recipe takes (2.8's csrc/apis/einsum.hpp, layout.hpp). SM90:
+    128-wide blocks, recipe (1, 128, 128) with fp32 scales as given (fp8_bmm asserts gran_k 128). SM100 /
+    SM103, API 2.8: 32-wide blocks, recipe (1, 32, 32); DeepGEMM packs each fp32 scale into its UE8M0
+    exponent byte (mantissa dropped), exact for 32-wide scales, which the op requires to be powers of
+    two, not for 128-wide ones, which may be any fp32."""
+    _, D, R = call.b.shape
+    block = scale_block(D, R, call.b_scale.shape[1:])
+    if plat.arch == "sm90":
+        if block != 128:
+            return (f"{block}-wide scale blocks: DeepGEMM's SM90 fp8 einsum takes 128-wide K blocks only "
+                    f"(recipe (1, 128, 128)); 32-wide blocks run on SM100")
+        return None
+    if plat.arch in ("sm100", "sm103"):
+        if block == 128:
+            return (f"DeepGEMM API {api()} on {plat.arch} keeps only the UE8M0 exponent of each fp32 scale; "
+                    "128-wide block scales may be any fp32 (32-wide ones, powers of two, are served)")
+        if api() != "2.8":
+            return f"32-wide scale blocks on {plat.arch} are adapted for DeepGEMM API 2.8 (installed: API {api()})"
+        return None
+    return f"arch {plat.arch} not supported (needs sm90, or sm100 / sm103 for 32-wide blocks)"
 
 
 def logits_shapes(plat: Platform, call) -> str | None:
@@ -129,4 +153,4 @@ BACKEND.implements("paged_mqa_logits", "dsv4ops.backends.deepgemm.ops:paged_mqa_
 BACKEND.implements("mqa_logits", "dsv4ops.backends.deepgemm.ops:mqa_logits",
                    supports=all_of(_SM100_LOGITS, mqa_logits_shapes, one_device_per_process))
 BACKEND.implements("fp8_einsum", "dsv4ops.backends.deepgemm.ops:fp8_einsum",
-                   supports=all_of(_SM100_EINSUM, einsum_bf16_out, one_device_per_process))
+                   supports=all_of(einsum_recipe, einsum_bf16_out, one_device_per_process))

@@ -6,6 +6,7 @@ import torch
 
 from dsv4ops.backend_support import dense
 from dsv4ops.platform import multiprocessors
+from dsv4ops.quant import scale_block
 from dsv4ops.rows import decode_row_ends
 
 from . import api
@@ -103,14 +104,22 @@ def mn_major_scales(a_scale: torch.Tensor) -> torch.Tensor:
 
 
 def fp8_einsum(args):
+    """128-wide blocks: the SM90 recipe (1, 128, 128), ``a_scale`` in its MN-major form, ``b_scale`` dense.
+    32-wide blocks: the SM100 recipe (1, 32, 32); DeepGEMM packs both fp32 scale tensors (any strides)
+    into UE8M0 itself."""
     import deep_gemm
 
-    B, H, _ = args.a.shape
+    B, H, R = args.a.shape
     D = args.b.shape[1]
     d = torch.empty(B, H, D, dtype=args.out_dtype, device=args.a.device) if args.out is None else args.out
     if B == 0:
         return d
-    if args.a.shape[2] == 0:                # R = 0: an empty sum; DeepGEMM is not asked for K = 0
+    if R == 0:                              # an empty sum; DeepGEMM is not asked for K = 0
         return d.zero_()
-    deep_gemm.fp8_einsum(args.equation, (args.a, mn_major_scales(args.a_scale)), (args.b, dense(args.b_scale)), d)
+    block = scale_block(D, R, args.b_scale.shape[1:])
+    if block == 128:
+        deep_gemm.fp8_einsum(args.equation, (args.a, mn_major_scales(args.a_scale)), (args.b, dense(args.b_scale)), d)
+    else:
+        deep_gemm.fp8_einsum(args.equation, (args.a, args.a_scale), (args.b, args.b_scale), d,
+                             recipe=(1, block, block))
     return d

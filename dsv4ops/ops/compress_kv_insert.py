@@ -160,6 +160,7 @@ def cases(tier: str):
         yield dict(layout="fp8_ds_mla", ratio=128, reqs=((100, 30), (127, 1), (0, 3)),
                    block_size=C128_BLOCK)
         yield dict(layout="fp8_ds_mla", ratio=4, decode=6, block_size=4)
+        yield dict(layout="fp8_ds_mla", ratio=4, reqs=((13, 8), (22, 5), (40, 8)), block_size=4)   # verify widths 8, 5
         yield from v41_cases(tier)
         return
     for layout, ratio, bs in (("fp8_ds_mla", 4, C4_BLOCK), ("index_fp8", 4, C4_BLOCK), ("fp8_ds_mla", 128, C128_BLOCK)):

@@ -133,8 +133,8 @@ def cases(tier: str):
         yield dict(R=4, W=50, k=64, mode="ranges", corner="empty")         # k > W
         yield dict(R=4, W=128, k=32, mode="decode1d", next_n=2, corner="empty")
         yield dict(R=4, W=128, k=32, mode="decode2d", next_n=2, corner="all_empty", data="nonfinite")
-        for mode in ("decode1d", "decode2d"):
-            yield dict(R=16, W=100, k=16, mode=mode, next_n=8)
+        for mode, next_n in (("decode1d", 8), ("decode2d", 8), ("decode1d", 5)):    # DSpark verify widths
+            yield dict(R=2 * next_n, W=100, k=16, mode=mode, next_n=next_n)
         yield dict(R=5, W=200, k=16, mode="ranges", column_major=True)
         return
     for model, k in INDEX_TOPK.items():

@@ -57,7 +57,7 @@ def cases(tier: str):
     rows; next_n up to 8), with topk below and above the lengths."""
     if tier == "quick":
         yield dict(B=0, next_n=1, context=16, H=4, block_size=16, topk=8)
-        for next_n, lens_dim in ((1, 1), (2, 1), (2, 2), (8, 1)):
+        for next_n, lens_dim in ((1, 1), (2, 1), (2, 2), (5, 2), (8, 1)):
             yield dict(B=3, next_n=next_n, context=40, H=8, block_size=16, lens_dim=lens_dim, topk=16, out=next_n == 2)
         yield dict(B=2, next_n=1, context=24, H=8, block_size=16, topk=64)                # k > every length
         for corner in ("zero_len", "short", "padded_rows", "all_zero_len"):

@@ -8,7 +8,8 @@ Semantics: the 2.5 prefill logits follow deepseek-ai/DeepGEMM ``csrc/apis/attent
 host checks of the 2.8.2 wheel's ``deep_gemm/csrc/apis/attention.hpp`` and the store rule of its
 ``include/deep_gemm/impls/sm90_fp8_mqa_logits.cuh`` (``logits[q, kv - ks[q]]`` for ``ks <= kv < ke``). The
 arch (SM90 / SM100) is read from the simulated platform; the SM100 recipe (MX scales, bf16) is checked
-for its host contract but not computed."""
+for its host contract but not computed, except 2.8's fp8_einsum with recipe (1, 32, 32) (its scales
+packed to UE8M0 as ``csrc/jit_kernels/impls/smxx_layout.hpp`` does)."""
 import sys
 import types
 from typing import Optional
@@ -18,6 +19,7 @@ import torch
 import dsv4ops
 from dsv4ops.backend_support import sm_major
 from dsv4ops.platform import current_simulation
+from dsv4ops.quant import ue8m0_to_float
 
 
 def _arch_major() -> int:
@@ -83,13 +85,41 @@ def _fp8_einsum(expr, a, b, d, c, recipe):
     d.copy_(dsv4ops.reference.fp8_einsum(expr, a, sfa, b, sfb, out_dtype=d.dtype))
 
 
+def _ue8m0(sf: torch.Tensor) -> torch.Tensor:
+    """What SM100's packing keeps of fp32 scales: the exponent byte (``sf.view(int32) >> 23``), as fp32."""
+    return ue8m0_to_float((sf.contiguous().view(torch.int32) >> 23).to(torch.uint8))
+
+
+def _sm100_fp8_einsum(expr, a, b, d, c, recipe):
+    """2.8 einsum.hpp's fp8_bmm on SM100 for ``bhr,hdr->bhd`` (a and its scales permuted to [H, B, ...]):
+    fp8 operands with a unit stride in K, fp32 scales of ``check_sf_layout``'s shapes ([H, B, R/gran_k],
+    [H, ceil(D/gran_mn_b), R/gran_k]) for gran_k 32 or 128, packed to UE8M0 by keeping their exponent
+    bytes. Only the recipe (1, 32, 32) the adapter passes, bf16 d and no c are modelled."""
+    (a, sfa), (b, sfb) = a, b
+    assert expr == "bhr,hdr->bhd" and c is None and recipe == (1, 32, 32), (expr, recipe)
+    gran_mn_b, gran_k = recipe[1:]
+    B, H, R = a.shape
+    D = b.shape[1]
+    assert a.dtype == b.dtype == torch.float8_e4m3fn and a.stride(2) == 1 and b.stride(2) == 1
+    assert d.dtype == torch.bfloat16 and d.shape == (B, H, D) and d.stride(2) == 1
+    assert sfa.dtype == sfb.dtype == torch.float32
+    assert sfa.shape == (B, H, -(-R // gran_k)), (sfa.shape, R)
+    assert sfb.shape == (H, -(-D // gran_mn_b), -(-R // gran_k)), (sfb.shape, D, R)
+    d.copy_(dsv4ops.reference.fp8_einsum(expr, a, _ue8m0(sfa), b, _ue8m0(sfb), out_dtype=d.dtype))
+
+
 def fp8_einsum_25(expr, a, b, d, c=None, recipe=(1, 128, 128)):
+    assert _arch_major() == 9, "2.5's SM100 einsum recipe is not modelled"
     _fp8_einsum(expr, a, b, d, c, recipe)
 
 
 def fp8_einsum_28(expr, a, b, d, c=None, recipe=(1, 128, 128), epilogue_class=None):
+    """SM90: fp8_bmm asserts gran_k 128 for both operands (the (1, 32, 32) recipe is refused)."""
     assert epilogue_class is None
-    _fp8_einsum(expr, a, b, d, c, recipe)
+    if _arch_major() == 10:
+        _sm100_fp8_einsum(expr, a, b, d, c, recipe)
+    else:
+        _fp8_einsum(expr, a, b, d, c, recipe)
 
 
 def _check_mqa_inputs(q, kv, weights, ks, ke):
