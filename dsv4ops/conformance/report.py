@@ -60,9 +60,11 @@ aiter       sparse_mla_prefill    fake                     pa_prefill_sparse (AI
 deepgemm    paged_mqa_logits      fake + wheel signatures  API 2.8: fp8_fp4_paged_mqa_logits (tokenspeed-deepgemm 2.8.2.post20261020; sm90)
 deepgemm    mqa_logits            fake + wheel signatures  API 2.8: fp8_fp4_mqa_logits, compressed rows (2.8.2.post20261020; sm90)
 deepgemm    fp8_einsum            fake + wheel signatures  API 2.8: fp8_einsum (tokenspeed-deepgemm 2.8.2.post20261020; sm90)
+deepgemm    fp8_einsum            fake                     API 2.8 on sm100/103: 32-wide scale blocks, recipe (1, 32, 32) (SM90 declines them)
 deepselect  indexer_topk          fake + signatures (CI)   deep_select.topk (tokenspeed-deepselect 1.0.0.post20260910; sm100/103)
 flashmla    sparse_mla_decode     wheel signatures (CI)    flash_mla_with_kvcache (tokenspeed-flashmla 1.0.0.post20260924: unchanged)
 flashmla    sparse_mla_prefill    fake + wheel signatures  flash_mla_sparse_fwd (tokenspeed-flashmla 1.0.0.post20260924: unchanged)
+flashmla    sparse_mla_prefill    fake                     V4.1 caches declined on every arch: no prefill entry of 1.0.0.post20260924 reads 528 / 288 B records (flash_mla_sparse_fwd takes bf16 kv); inline generation: sm100/103 only
 flashinfer  sparse_mla_decode     fake + signatures (CI)   TRTLLM-gen DSV4 decode (sm100/103/107), MODEL1 decode (sm120/121) (0.7.2.post1)
 flashinfer  indexer_topk          fake + signatures (CI)   top_k_ragged_transform (flashinfer-python 0.7.2.post1)
 xpu         qnorm_rope_kv_insert  fake                     torch.ops._xpu_C.deepseek_qnorm_rope_kv_insert (bf16 layout; vllm-xpu-kernels >= 0.1.11)
