@@ -1,7 +1,7 @@
 """Triton inv_rope_fp8_quant (docs/ops.md §8): grid (T, cdiv(H, HEADS)); each program reads HEADS
 heads of one token once (bf16), un-rotates the RoPE pairs in registers and writes the fp8 values
-and four power-of-two scales per head. The result [T, G, K] is [T, H, 512] in memory, so head h of
-token t lands at row t * H + h of both outputs."""
+and 512 / BLOCK power-of-two scales per head (BLOCK 128 or 32). The result [T, G, K] is
+[T, H, 512] in memory, so head h of token t lands at row t * H + h of both outputs."""
 from __future__ import annotations
 
 import torch
@@ -16,7 +16,8 @@ from .tuning import Target
 
 @triton.jit
 def _inv_rope_fp8_quant_kernel(o_ptr, stride_t, stride_h, pos_ptr, pos_stride, cs_ptr, a_ptr, s_ptr, H,
-                               HEADS: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SOFT: tl.constexpr):
+                               HEADS: tl.constexpr, BLOCK: tl.constexpr, FP8_MAX: tl.constexpr,
+                               FP8_SOFT: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * HEADS + tl.arange(0, HEADS)
     live = (h < H)[:, None]
@@ -32,27 +33,28 @@ def _inv_rope_fp8_quant_kernel(o_ptr, stride_t, stride_h, pos_ptr, pos_stride, c
     even = (d % 2) == 0
     # inverse rotation: even' = e cos + o sin, odd' = o cos - e sin; NoPE dims pass through
     y = tl.where(rope[None, :], x * cos[None, :] + partner * tl.where(even, sin, -sin)[None, :], x)
-    blocks = tl.reshape(y, (HEADS, 4, 128))
+    NB: tl.constexpr = 512 // BLOCK
+    blocks = tl.reshape(y, (HEADS, NB, BLOCK))
     amax = tl.maximum(tl.max(tl.abs(blocks), axis=2), 1e-10)
     ex = ceil_log2(amax / FP8_MAX)
     q = to_e4m3(blocks * exp2_int(-ex)[:, :, None], FP8_MAX, False, FP8_SOFT)
     out_row = t * H + h.to(tl.int64)
     tl.store(a_ptr + out_row[:, None] * 512 + d[None, :], tl.reshape(q, (HEADS, 512)), mask=live)
-    tl.store(s_ptr + out_row[:, None] * 4 + tl.arange(0, 4)[None, :], exp2_int(ex), mask=live)
+    tl.store(s_ptr + out_row[:, None] * NB + tl.arange(0, NB)[None, :], exp2_int(ex), mask=live)
 
 
 def inv_rope_fp8_quant(target: Target, a):
     T, H, D = a.o.shape
     G = a.n_groups
     values = torch.empty(T, G, H // G * D, dtype=torch.float8_e4m3fn, device=a.o.device)
-    scales = torch.empty(T, G, H // G * D // 128, dtype=torch.float32, device=a.o.device)
+    scales = torch.empty(T, G, H // G * D // a.block, dtype=torch.float32, device=a.o.device)
     if T == 0:
         return values, scales
     tune = target.tuning
     heads = min(tune.inv_rope_heads, triton.next_power_of_2(H))
     _inv_rope_fp8_quant_kernel[(T, triton.cdiv(H, heads))](
         a.o, a.o.stride(0), a.o.stride(1), a.positions, a.positions.stride(0), a.cos_sin_cache,
-        fp8_bytes(values, target.fp8_soft), scales, H, HEADS=heads, FP8_MAX=FP8_MAX["ocp"], FP8_SOFT=target.fp8_soft,
-        num_warps=tune.inv_rope_warps,
+        fp8_bytes(values, target.fp8_soft), scales, H, HEADS=heads, BLOCK=a.block, FP8_MAX=FP8_MAX["ocp"],
+        FP8_SOFT=target.fp8_soft, num_warps=tune.inv_rope_warps,
     )
     return values, scales

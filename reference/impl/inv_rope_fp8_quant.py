@@ -1,4 +1,4 @@
-"""Reference for docs/ops.md §8: inverse RoPE in fp32, then 1x128 power-of-two block FP8."""
+"""Reference for docs/ops.md §8: inverse RoPE in fp32, then 1 x block power-of-two FP8 (block 128 or 32)."""
 from __future__ import annotations
 
 import torch
@@ -7,15 +7,14 @@ from dsv4ops.quant import to_fp8, ue8m0_scale
 
 from .rope import cos_sin, rotate
 
-BLOCK = 128
-AMAX_FLOOR = 1e-10               # the activation quantizer's floor (not the cache writers' 1e-4)
+AMAX_FLOOR = 1e-10               # the activation quantizer's floor, both widths (not the cache writers' 1e-4)
 
 
 def inv_rope_fp8_quant(a):
     T, H, D = a.o.shape
     cos, sin = cos_sin(a.cos_sin_cache, a.positions)
     x = rotate(a.o.to(torch.float32), cos[:, None], -sin[:, None])      # rotation by the negative angle
-    blocks = x.reshape(T, a.n_groups, H // a.n_groups * D // BLOCK, BLOCK)
+    blocks = x.reshape(T, a.n_groups, H // a.n_groups * D // a.block, a.block)
     scale = ue8m0_scale(blocks.abs().amax(-1).clamp_min(AMAX_FLOOR))[0]
     values = to_fp8(blocks / scale[..., None]).reshape(T, a.n_groups, H // a.n_groups * D)
     return values, scale
