@@ -201,7 +201,7 @@ ERRORS = (
     ("blocks", change("blocks", lambda t: t[:1])),
     ("blocks", change("blocks", lambda t: t.flip(1))),                                  # descending / -1 first
     ("blocks", change("blocks", lambda t: torch.where(t >= 0, t + 1000, t))),           # past the length
-    ("blocks", change("blocks", lambda t: torch.cat([t[:, :1], torch.full_like(t[:, :1], -1), t[:, 1:]], 1))),
+    ("blocks", change("blocks", lambda t: torch.cat([torch.full_like(t[:, :1], -1), t], 1))),   # -1 before a block
     ("sparse_block", set_args(sparse_block=0)),
     ("clean", set_args(clean="yes")),
     ("out", set_args(out=torch.empty(3, 32))),
@@ -238,8 +238,8 @@ SPEC = OpSpec(
         cases=cases,
         typical=dict(B=2, next_n=1, context=512, block_size=64, num_blocks=16),
         compare=compare,
-        strides={"weights": ("sliced", "transposed", "expanded"), "context_lens": ("sliced", "expanded"),
-                 "block_table": ("sliced", "transposed"), "blocks": ("sliced", "transposed")},
+        strides={"weights": ("sliced", "transposed", "expanded"), "context_lens": ("sliced", "transposed", "expanded"),
+                 "block_table": ("sliced", "transposed", "expanded"), "blocks": ("sliced", "transposed")},
         stride_bases={
             "quick": (dict(B=3, next_n=2, context=48, H=4, block_size=16, num_blocks=3, clean=True, out=True),),
             "full": (dict(B=8, next_n=2, context=8192, block_size=64, num_blocks=CANDIDATE_BLOCKS, clean=True,
