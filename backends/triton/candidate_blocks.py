@@ -13,7 +13,6 @@ import triton.language as tl
 
 from .tuning import Target
 
-INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 TILE = 256                      # blocks per tile in both kernels
 
 

@@ -182,7 +182,7 @@ def unspecified(kw: dict):
 
 def cost(kw: dict) -> tuple[int, int]:
     """(bytes, flops): the candidate keys once per row, q, weights, blocks, the logits written."""
-    B, n, H, D = kw["q"].shape
+    _, n, H, D = kw["q"].shape
     pos = candidate_columns(kw["blocks"], kw["sparse_block"])
     lens = decode_row_ends(kw["context_lens"], n).to(pos.device)
     keys = int(((pos >= 0) & (pos < lens[:, None])).sum())

@@ -113,7 +113,7 @@ def unspecified(kw: dict):
 
 def cost(kw: dict) -> tuple[int, int]:
     """(bytes, flops): each row's candidate keys, q, weights, blocks, the logits written."""
-    T, H, D = kw["q"].shape
+    _, H, D = kw["q"].shape
     pos = candidate_columns(kw["blocks"], kw["sparse_block"])
     n = (kw["ke"] - kw["ks"]).to(pos.device, torch.int64)
     keys = int(((pos >= 0) & (pos < n[:, None])).sum())

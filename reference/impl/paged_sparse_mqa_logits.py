@@ -10,7 +10,7 @@ from dsv4ops.rows import candidate_columns, decode_row_ends
 
 
 def paged_sparse_mqa_logits(a):
-    B, next_n = a.q.shape[:2]
+    next_n = a.q.shape[1]
     width = a.block_table.shape[1] * a.kv_cache.shape[1]
     dense = paged_mqa_logits(SimpleNamespace(**{**a._asdict(), "max_context_len": width, "out": None}))   # [R, width]
     pos = candidate_columns(a.blocks, a.sparse_block)
