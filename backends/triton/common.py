@@ -190,7 +190,8 @@ def mxfp4_decode(packed, scales, R: tl.constexpr, D: tl.constexpr):
     """MXFP4 rows -> fp32 ``[R, D]``: packed e2m1 (uint8 ``[R, D / 2]``, value 2i in the low nibble of
     byte i) times ``2**(byte - 127)`` of their UE8M0 byte (uint8 ``[R, D / 32]``; 255 -> NaN), the
     values of ``quant.decode_mxfp4``."""
-    v = tl.reshape(tl.join(e2m1_to_f32(packed & 0xF), e2m1_to_f32(packed >> 4)), (R, D // 32, 32))
+    codes = tl.join(e2m1_as_e4m3(packed & 0xF), e2m1_as_e4m3(packed >> 4))
+    v = tl.reshape(e4m3_to_f32(codes) * 64.0, (R, D // 32, 32))          # e2m1 exactly (value * 2**-6 read back)
     s = tl.where(scales == 255, float("nan"), ue8m0_decode(scales))
     return tl.reshape(v * s[:, :, None], (R, D))
 
