@@ -454,6 +454,32 @@ def to_global_indices(local: torch.Tensor, block_table: torch.Tensor, token_to_r
     return glob.gather(1, order), lens
 
 
+# ---------------------------------------------------------------------------------------------
+# The two-level indexer's compressed columns (docs/ops.md §14-§16)
+
+def candidate_positions(local: torch.Tensor, blocks: torch.Tensor, sparse_block: int) -> torch.Tensor:
+    """Columns of a sparse logits row -> row-local positions: ``local`` int ``[R, k]`` (negative =
+    none, e.g. ``indexer_topk`` of ``paged_sparse_mqa_logits`` / ``sparse_mqa_logits``), ``blocks``
+    int32 ``[R, num_blocks]`` the candidate blocks those logits were computed over. Entry ``l >= 0``
+    becomes ``blocks[r, l // sparse_block] * sparse_block + l % sparse_block`` (-1 where that block
+    is -1); negative entries stay -1. Returns int32 ``[R, k]``, in ``local``'s order."""
+    l = local.to(torch.int64)
+    slot = torch.where(l >= 0, l.div(sparse_block, rounding_mode="floor"), 0).clamp(max=max(blocks.shape[1] - 1, 0))
+    block = blocks.to(torch.int64).gather(1, slot) if blocks.shape[1] else torch.full_like(l, -1)
+    keep = (l >= 0) & (block >= 0)
+    return torch.where(keep, block * sparse_block + l % sparse_block, -1).to(torch.int32)
+
+
+def candidate_lens(blocks: torch.Tensor, row_lens: torch.Tensor, sparse_block: int) -> torch.Tensor:
+    """Valid columns of each sparse logits row, int32 ``[R]``: the positions of ``blocks`` (int32
+    ``[R, num_blocks]``, ascending, -1 after them) below the row's visible count ``row_lens`` (int
+    ``[R]``). Under the blocks' contract these columns are a prefix of the row, so ``indexer_topk``
+    takes them as ``row_starts = 0``, ``row_ends = candidate_lens(...)``."""
+    first = blocks.to(torch.int64) * sparse_block
+    inside = (row_lens.to(torch.int64)[:, None] - first).clamp(0, sparse_block)
+    return torch.where(blocks >= 0, inside, 0).sum(1).to(torch.int32)
+
+
 __all__ = [
     "LAYOUTS", "INDEX_LAYOUTS", "HEAD_DIM", "NOPE_DIM", "ROPE_DIM", "INDEX_DIM", "INDEX_TOKEN_BYTES",
     "INDEX_MXFP4_TOKEN_BYTES", "index_layout",
@@ -461,5 +487,6 @@ __all__ = [
     "ds_mla_views", "record_views", "encode_ds_mla", "decode_ds_mla", "encode_records", "decode_records",
     "convert_kv_cache", "write_kv", "read_kv", "pack_kv", "unpack_kv",
     "pack_index_keys", "unpack_index_keys", "index_key_views", "to_global_indices",
+    "candidate_positions", "candidate_lens",
     "Layout", "pack_ue8m0_scales",
 ]

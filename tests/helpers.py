@@ -57,3 +57,22 @@ def model_entries(kv, score, ape, weight, eps, ratio, cs):
     normed = pooled * torch.rsqrt(pooled.square().mean(-1, keepdim=True) + eps) * weight
     rows = cs[torch.arange(n) * ratio]
     return rotate(normed, rows[:, :32], rows[:, 32:]).to(torch.bfloat16).float()
+
+
+def assert_restricted_topk(want, positions, starts, k, slack):
+    """``positions`` (int [R, k], relative to ``starts``, -1 padded) is a top-k of the candidate
+    columns of ``want`` (fp32 [R, W], -inf outside the candidates): min(k, candidates) distinct
+    candidates first, then -1, and no unselected candidate above a selected one by more than their
+    two ``slack`` values (the logits' error bounds)."""
+    for r in range(want.shape[0]):
+        candidates = torch.nonzero(want[r] > float("-inf")).flatten()
+        m = min(k, candidates.numel())
+        row = positions[r].long()
+        assert bool((row[:m] >= 0).all()) and bool((row[m:] == -1).all()), (r, row.tolist(), m)
+        got = row[:m] + int(starts[r])
+        assert got.unique().numel() == m and bool(torch.isin(got, candidates).all()), r
+        others = candidates[~torch.isin(candidates, got)]
+        if m and others.numel():
+            low = (want[r, got] + slack[r, got]).min()
+            high = (want[r, others] - slack[r, others]).max()
+            assert low >= high, (r, float(low), float(high))

@@ -99,3 +99,35 @@ def test_record_codec_matches_reference(name, soft, request):
     out = torch.full((8, 512), 12345.0)
     read[(1,)](cache, slots, out, cache.stride(0), **meta)
     torch.testing.assert_close(out, decode(want_values, want_scales), rtol=0, atol=0, equal_nan=True)
+
+
+@triton.jit
+def read_index_mxfp4(cache_ptr, page_ptr, slot_ptr, out_ptr, n, block_size, page_stride, R: tl.constexpr):
+    rows = tl.arange(0, R)
+    live = rows < n
+    page = tl.load(page_ptr + rows, mask=live, other=0).to(tl.int64)
+    slot = tl.load(slot_ptr + rows, mask=live, other=0)
+    y = c.index_mxfp4_keys(cache_ptr, page, slot, live, block_size, page_stride, R)
+    tl.store(out_ptr + rows[:, None] * 128 + tl.arange(0, 128)[None, :], y)
+
+
+def test_index_mxfp4_key_tile_matches_reference():
+    """``index_mxfp4_keys`` on a cache whose pages sit 8 bytes apart past their records (the pitch is an
+    argument): the values of ``formats.unpack_index_keys`` (NaN and inf blocks, -0, tiny and huge
+    scales), masked rows 0."""
+    assert patch_triton_interpreter()
+    bs = 4
+    picked = [4, 5, 8, 12, 16, 17, 18, 20, 25, 0, 1, 2]      # saturating, tiny, NaN, inf, -inf, -0, ties
+    keys = _rows(seed=3).reshape(32, 128)[picked].reshape(3, bs, 128)
+    packed = formats.pack_index_keys(keys, layout="index_mxfp4")
+    pitch = bs * 68 + 8
+    cache = torch.full((3, pitch), 0xA5, dtype=torch.uint8)
+    cache[:, :bs * 68] = packed.reshape(3, bs * 68)
+    want = formats.unpack_index_keys(packed)
+    page = torch.tensor([2, 0, 1, 2, 0, 1, 1, 0, 2, 2, 0], dtype=torch.int32)
+    slot = torch.tensor([3, 0, 2, 1, 3, 0, 1, 2, 0, 2, 1], dtype=torch.int32)
+    out = torch.full((16, 128), 12345.0)
+    read_index_mxfp4[(1,)](cache, page, slot, out, 11, bs, pitch, R=16)
+    torch.testing.assert_close(out[:11], want[page.long(), slot.long()], rtol=0, atol=0, equal_nan=True)
+    assert bool((out[11:] == 0).all())
+    assert bool(want.isnan().any()) and bool((want == 0).any())           # NaN / inf blocks and zeros are there

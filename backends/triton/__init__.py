@@ -124,3 +124,16 @@ implements_both_paths("inv_rope_fp8_quant", runs_here)
 implements_both_paths("compress_kv_insert", runs_here)
 implements_both_paths("mqa_logits", all_of(runs_here, fp8_flavour_matches))
 implements_both_paths("mqa_topk", all_of(runs_here, fp8_flavour_matches))
+BACKEND.implements("candidate_blocks", "dsv4ops.backends.triton.candidate_blocks:candidate_blocks", supports=runs_here)
+
+
+def mxfp4_keys_need_bf16(plat: Platform, call) -> str | None:
+    """68 B MXFP4 keys are dotted in bf16 (their scales span 2^-127..2^127, past fp16): sm80 and newer."""
+    cache = call.get("kv_cache")
+    if cache is not None and cache.shape[-1] == 68:
+        return bf16_tensor_cores(plat, call)
+    return None
+
+
+implements_both_paths("paged_sparse_mqa_logits", all_of(runs_here, mxfp4_keys_need_bf16))
+implements_both_paths("sparse_mqa_logits", runs_here)

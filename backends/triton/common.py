@@ -186,6 +186,29 @@ def nvfp4_encode(x, R: tl.constexpr, SOFT: tl.constexpr):
 
 
 @triton.jit
+def mxfp4_decode(packed, scales, R: tl.constexpr, D: tl.constexpr):
+    """MXFP4 rows -> fp32 ``[R, D]``: packed e2m1 (uint8 ``[R, D / 2]``, value 2i in the low nibble of
+    byte i) times ``2**(byte - 127)`` of their UE8M0 byte (uint8 ``[R, D / 32]``; 255 -> NaN), the
+    values of ``quant.decode_mxfp4``."""
+    codes = tl.join(e2m1_as_e4m3(packed & 0xF), e2m1_as_e4m3(packed >> 4))
+    v = tl.reshape(e4m3_to_f32(codes) * 64.0, (R, D // 32, 32))          # e2m1 exactly (value * 2**-6 read back)
+    s = tl.where(scales == 255, float("nan"), ue8m0_decode(scales))
+    return tl.reshape(v * s[:, :, None], (R, D))
+
+
+@triton.jit
+def index_mxfp4_keys(cache_ptr, page, slot, live, block_size, page_stride, R: tl.constexpr):
+    """Keys of an ``index_mxfp4`` cache (docs/ops.md §6.4.1) -> fp32 ``[R, 128]``: row i is token
+    ``slot[i]`` of page ``page[i]`` (int64 ``[R]``; pages ``page_stride`` bytes apart, each ``block_size``
+    64 B value rows then ``block_size`` 4 B UE8M0 rows); rows where ``live`` is False read as 0."""
+    base = cache_ptr + page * page_stride
+    packed = tl.load((base + slot * 64)[:, None] + tl.arange(0, 64)[None, :], mask=live[:, None], other=0)
+    scales = tl.load((base + block_size * 64 + slot * 4)[:, None] + tl.arange(0, 4)[None, :], mask=live[:, None],
+                     other=127)
+    return mxfp4_decode(packed, scales, R, 128)
+
+
+@triton.jit
 def load_scalar(ptr_or_value, IS_PTR: tl.constexpr):
     if IS_PTR:
         return tl.load(ptr_or_value).to(tl.float32)
