@@ -103,16 +103,19 @@ def _pool_window(t, p, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0
 
 
 @triton.jit
-def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D: tl.constexpr,
-                 RATIO: tl.constexpr, KIND: tl.constexpr, INLINE: tl.constexpr, FP8_MAX: tl.constexpr,
-                 FP8_SOFT: tl.constexpr):
+def _write_entry(pooled, t, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, lat_ptr, lat_stride, block_size,
+                 page_bytes, D: tl.constexpr, RATIO: tl.constexpr, KIND: tl.constexpr, INLINE: tl.constexpr,
+                 FP8_MAX: tl.constexpr, FP8_SOFT: tl.constexpr, LATENT: tl.constexpr):
     """RMSNorm, RoPE at the window's first position, bf16, and the quantized entry at ``slot``
-    (V4.1 ratios 2 and 1: the normed latent rounded to bf16 before the rotation)."""
+    (V4.1 ratios 2 and 1: the normed latent rounded to bf16 before the rotation); with LATENT the
+    un-rotated bf16 latent into row ``t`` of the latent buffer."""
     d = tl.arange(0, D)
     weight = tl.load(w_ptr + d * w_stride).to(tl.float32)
     normed = pooled / tl.sqrt(tl.sum(pooled * pooled, axis=0) / D + eps) * weight
     if RATIO <= 2:
         normed = normed.to(tl.bfloat16).to(tl.float32)
+    if LATENT:
+        tl.store(lat_ptr + t * lat_stride + d, normed.to(tl.bfloat16))
     even, odd = tl.split(tl.reshape(normed, (D // 2, 2)))
     i = tl.arange(0, D // 2) - (D - 64) // 2                 # rotation pair index, < 0 on NoPE dims
     rope = i >= 0
@@ -160,28 +163,30 @@ def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block
 @triton.jit
 def _compress(kv_ptr, kv_stride, pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, sslot_stride,
               btab_ptr, btab_stride0, btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr,
-              slot_ptr, slot_stride, block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr, C: tl.constexpr,
-              CHUNK: tl.constexpr, KIND: tl.constexpr, INLINE: tl.constexpr, FP8_MAX: tl.constexpr,
-              TOKENS: tl.constexpr, FP8_SOFT: tl.constexpr):
+              lat_ptr, lat_stride, slot_ptr, slot_stride, block_size, page_bytes, n, D: tl.constexpr,
+              RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr, KIND: tl.constexpr, INLINE: tl.constexpr,
+              FP8_MAX: tl.constexpr, TOKENS: tl.constexpr, FP8_SOFT: tl.constexpr, LATENT: tl.constexpr):
     """Program of TOKENS tokens: pools each whole window they close and writes its entry (one token:
     a branch, not a loop, which takes sm90 16 registers fewer)."""
     t, p, slot, rank, count = _closing(n, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO,
                                        TOKENS)
     window = (t, p, slot, rank, kv_ptr, kv_stride, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0,
-              btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes)
+              btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, lat_ptr, lat_stride,
+              block_size, page_bytes)
     if TOKENS == 1:
         if count > 0:
-            _whole_window(0, *window, D, RATIO, C, CHUNK, KIND, INLINE, FP8_MAX, FP8_SOFT)
+            _whole_window(0, *window, D, RATIO, C, CHUNK, KIND, INLINE, FP8_MAX, FP8_SOFT, LATENT)
     else:
         for i in range(count):
-            _whole_window(i, *window, D, RATIO, C, CHUNK, KIND, INLINE, FP8_MAX, FP8_SOFT)
+            _whole_window(i, *window, D, RATIO, C, CHUNK, KIND, INLINE, FP8_MAX, FP8_SOFT, LATENT)
 
 
 @triton.jit
 def _whole_window(i, t, p, slot, rank, kv_ptr, kv_stride, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0,
-                  btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size,
-                  page_bytes, D: tl.constexpr, RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr,
-                  KIND: tl.constexpr, INLINE: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SOFT: tl.constexpr):
+                  btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, lat_ptr, lat_stride,
+                  block_size, page_bytes, D: tl.constexpr, RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr,
+                  KIND: tl.constexpr, INLINE: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SOFT: tl.constexpr,
+                  LATENT: tl.constexpr):
     """The entry of the window the i-th closing token of the block closes (ratio 1: the token's own
     kv row, no state)."""
     ti, pi, si = _pick(i, t, p, slot, rank)
@@ -190,8 +195,8 @@ def _whole_window(i, t, p, slot, rank, kv_ptr, kv_stride, state_ptr, st_stride0,
     else:
         pooled = _pool_window(ti, pi, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1,
                               req_ptr, req_stride, sbs, 0, D, D, RATIO, C, CHUNK)
-    _write_entry(pooled, pi, si, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D, RATIO, KIND,
-                 INLINE, FP8_MAX, FP8_SOFT)
+    _write_entry(pooled, ti, pi, si, w_ptr, w_stride, eps, cs_ptr, cache_ptr, lat_ptr, lat_stride, block_size,
+                 page_bytes, D, RATIO, KIND, INLINE, FP8_MAX, FP8_SOFT, LATENT)
 
 
 @triton.jit
@@ -213,16 +218,17 @@ def _pool(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, ssl
 
 @triton.jit
 def _finish(pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, ws_ptr, w_ptr, w_stride, eps, cs_ptr,
-            cache_ptr, block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr, KIND: tl.constexpr,
-            INLINE: tl.constexpr, FP8_MAX: tl.constexpr, TOKENS: tl.constexpr, FP8_SOFT: tl.constexpr):
+            cache_ptr, lat_ptr, lat_stride, block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr,
+            KIND: tl.constexpr, INLINE: tl.constexpr, FP8_MAX: tl.constexpr, TOKENS: tl.constexpr,
+            FP8_SOFT: tl.constexpr, LATENT: tl.constexpr):
     """Program of TOKENS tokens: the entries of the pooled rows ``_pool`` left in ws."""
     t, p, slot, rank, count = _closing(n, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO,
                                        TOKENS)
     for i in range(count):
         ti, pi, si = _pick(i, t, p, slot, rank)
         pooled = tl.load(ws_ptr + ti * D + tl.arange(0, D))
-        _write_entry(pooled, pi, si, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D, RATIO,
-                     KIND, INLINE, FP8_MAX, FP8_SOFT)
+        _write_entry(pooled, ti, pi, si, w_ptr, w_stride, eps, cs_ptr, cache_ptr, lat_ptr, lat_stride, block_size,
+                     page_bytes, D, RATIO, KIND, INLINE, FP8_MAX, FP8_SOFT, LATENT)
 
 
 def compress_kv_insert(target: Target, a):
@@ -254,13 +260,14 @@ def compress_kv_insert(target: Target, a):
     chunk = min(c * a.ratio, tun.compress_chunk)
     window = (pos, pos.stride(0), sc, *sc_strides, sslots, sslots.stride(0), table, table.stride(0),
               table.stride(1), req, req.stride(0), sc.shape[1])
-    entry = (a.norm_weight, a.norm_weight.stride(0), a.eps, a.cos_sin_cache, a.kv_cache)
+    lat = (a.kv, 0) if a.latent is None else (a.latent, a.latent.stride(0))     # a.kv: never written
+    entry = (a.norm_weight, a.norm_weight.stride(0), a.eps, a.cos_sin_cache, a.kv_cache, *lat)
     if channels == D:
         per = tun.compress_tokens
         _compress[(triton.cdiv(n, per),)](a.kv, a.kv.stride(0), *window, *entry, slots, slots.stride(0), a.block_size,
                                           page_bytes, n, D=D, RATIO=a.ratio, C=c, CHUNK=chunk, KIND=a.layout.kind,
                                           INLINE=a.layout.inline, FP8_MAX=FP8_MAX["ocp"], TOKENS=per,
-                                          FP8_SOFT=target.fp8_soft, num_warps=warps)
+                                          FP8_SOFT=target.fp8_soft, LATENT=a.latent is not None, num_warps=warps)
         return None
     ws = torch.empty(n, D, dtype=torch.float32, device=a.kv.device)
     per = tun.compress_pool_tokens
@@ -269,5 +276,5 @@ def compress_kv_insert(target: Target, a):
     _finish[(triton.cdiv(n, per),)](pos, pos.stride(0), sslots, sslots.stride(0), slots, slots.stride(0), ws, *entry,
                                     a.block_size, page_bytes, n, D=D, RATIO=a.ratio, KIND=a.layout.kind,
                                     INLINE=a.layout.inline, FP8_MAX=FP8_MAX["ocp"], TOKENS=per, FP8_SOFT=target.fp8_soft,
-                                    num_warps=warps)
+                                    LATENT=a.latent is not None, num_warps=warps)
     return None

@@ -69,6 +69,7 @@ def check(c: Checker, a):
     if stateful:
         c.tensor("slot_mapping", a.slot_mapping, dtype=torch.int64, shape=(n,))
     c.float_arg("eps", a.eps, positive=True)
+    c.optional("latent", a.latent, dtype=torch.bfloat16, shape=(n, D), last_dim_contiguous=True)
     c.in_range("positions", a.positions, 0, a.cos_sin_cache.shape[0], what="positions (rows of cos_sin_cache)")
     n_slots = a.kv_cache.shape[0] * a.block_size
     if not stateful:
@@ -98,14 +99,15 @@ def fake(a):
 # Conformance: sample inputs, cases, comparison rule, error inputs, bench shapes
 
 def inputs(device, gen, *, layout, ratio, block_size, reqs=(), decode=0, pad=0, dp_pad=0,
-                       dtype=torch.float32, skip_slot=False, page_bytes=None):
+                       dtype=torch.float32, skip_slot=False, page_bytes=None, latent=False):
     """Requests ``reqs = ((prior, new), ...)``: ``prior`` tokens compressed by earlier calls (their
     last window's state rows are random values, every other state row is NaN: nothing may read it),
     ``new`` tokens in this call. ``kv`` / ``score`` are the halves of one [T, 2c*D] projection
     (strided rows). ``pad`` dummy tokens (state slot -1; ratio 1: slot -1) follow, then ``dp_pad``
     tokens past the slot mappings. Tokens that close no window carry slots on a spare page (writing
     them is a bug); ``skip_slot`` gives the first closing token slot -1. ``decode=N`` adds N requests
-    of one token each, every other one closing a window. Ratio 1: no score, no state (None)."""
+    of one token each, every other one closing a window. Ratio 1: no score, no state (None).
+    ``latent``: a ``latent`` buffer of NaN (rows of tokens that write no entry must stay NaN)."""
     reqs = tuple(reqs) + tuple((ratio * (8 + i) - 1 - i % 2, 1) for i in range(decode))
     c, D = formats.window_overlap(ratio), Layout.of(layout, among=formats.COMPRESSED_LAYOUTS).head_dim
     width, sbs = c * D, 8 if ratio == 128 else 4
@@ -159,7 +161,8 @@ def inputs(device, gen, *, layout, ratio, block_size, reqs=(), decode=0, pad=0, 
                   state_block_table=state_table if stateful else None,
                   token_to_req=torch.tensor(req_of, dtype=torch.int32) if stateful else None, kv_cache=cache,
                   slot_mapping=torch.tensor(slots, dtype=torch.int64), layout=layout, ratio=ratio,
-                  block_size=block_size, eps=1e-6 if ratio in formats.V4_COMPRESSION_RATIOS else V41_EPS)
+                  block_size=block_size, eps=1e-6 if ratio in formats.V4_COMPRESSION_RATIOS else V41_EPS,
+                  latent=torch.full((len(slots), D), float("nan"), dtype=torch.bfloat16) if latent else None)
     return to_device(kwargs, device)
 
 
@@ -208,7 +211,7 @@ def v41_cases(tier: str):
     """nvfp4_v41 split and inline for the V4 ratios, padded and exact pages; the V4.1 ratios 2 and 1
     into every V4.1 record and both key layouts: empty calls, partial pairs carried across calls,
     DSpark verify widths up to 8 tokens a request (pairs closing mid-call), padding, skipped slots,
-    decode batches, bf16 projections."""
+    decode batches, bf16 projections, the latent output."""
     for i, (layout, ratio) in enumerate((("nvfp4_v41", 4), ("nvfp4_v41_inline", 128), ("nvfp4_v41_inline", 4))):
         bs = (4 if ratio == 4 else 2) if tier == "quick" else (C4_BLOCK if ratio == 4 else C128_BLOCK)
         reqs = ((0, 9), (5, 1), (30, 6)) if ratio == 4 else ((100, 30), (127, 1), (0, 3))
@@ -221,7 +224,7 @@ def v41_cases(tier: str):
         yield dict(layout="nvfp4_v41", ratio=2, reqs=((0, 0),), block_size=4)
         yield dict(layout="index_mxfp4", ratio=1, reqs=((0, 0),), block_size=8)
         yield dict(layout="nvfp4_v41", ratio=2, reqs=((0, 9), (5, 1), (7, 8), (30, 6)), block_size=4, pad=1,
-                   dp_pad=1, page_bytes=Layout.of("nvfp4_v41").min_page_bytes(4) + 96)
+                   dp_pad=1, page_bytes=Layout.of("nvfp4_v41").min_page_bytes(4) + 96, latent=True)
         yield dict(layout="nvfp4_v41_inline", ratio=2, reqs=((3, 5), (0, 2), (10, 1)), block_size=4, skip_slot=True,
                    dtype=torch.bfloat16)
         yield dict(layout="mxfp8_v41", ratio=2, reqs=((1, 8), (6, 7)), decode=3, block_size=4)
@@ -231,13 +234,13 @@ def v41_cases(tier: str):
         yield dict(layout="mxfp8_v41_inline", ratio=1, reqs=((0, 3), (2, 8)), block_size=4,
                    page_bytes=Layout.of("mxfp8_v41_inline").min_page_bytes(4))
         yield dict(layout="index_mxfp4", ratio=1, reqs=((0, 8), (3, 1), (17, 6)), block_size=8, skip_slot=True,
-                   pad=1, dtype=torch.bfloat16)
+                   pad=1, dtype=torch.bfloat16, latent=True)
         yield dict(layout="index_fp8", ratio=1, reqs=((5, 7),), decode=4, block_size=8)
         return
     verify = tuple((37 * i + i % 2, 1 + i % 8) for i in range(128))       # 128 requests, widths 1 to 8
     for layout, ratio in (("nvfp4_v41", 2), ("nvfp4_v41_inline", 1), ("index_mxfp4", 2), ("index_mxfp4", 1),
                           ("index_fp8", 1)):
-        yield dict(layout=layout, ratio=ratio, reqs=verify, block_size=V41_BLOCK)
+        yield dict(layout=layout, ratio=ratio, reqs=verify, block_size=V41_BLOCK, latent=ratio == 2)
         yield dict(layout=layout, ratio=ratio, reqs=((0, 1500), (513, 700), (4093, 3)), block_size=V41_BLOCK,
                    pad=5, dp_pad=3, skip_slot=True)
 
@@ -293,6 +296,11 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     mismatch = (got != ref) & ~owned
     c.require(not bool(mismatch.any()), f"kv_cache: {int(mismatch.sum())} bytes differ outside the written "
               f"entries' values and scales (pad bytes, other slots, page padding)")
+    if kw.get("latent") is not None:                        # callers may leave the default out
+        done = entries_written(kw)
+        bf16_ulp_close(c, "latent", got_kwargs["latent"][done].view(torch.uint8), kw["latent"][done].view(torch.uint8))
+        c.require(torch.equal(got_kwargs["latent"][~done].view(torch.int16), kw["latent"][~done].view(torch.int16)),
+                  "latent: rows of tokens that write no entry were written")
     return c.verdict()
 
 
@@ -420,6 +428,9 @@ SPEC = OpSpec(
             doc="4 (C4, overlapping windows), 128 (C128); V4.1: 2 (pairs) or 1 (every token)"),
         Arg("block_size", int, keyword_only=True, doc="entries per page of kv_cache"),
         Arg("eps", float, 1e-6, keyword_only=True, doc="RMSNorm epsilon (> 0)"),
+        Arg("latent", Optional[Tensor], None, keyword_only=True, mutated=True,
+            doc="bf16 [T', D] or None: row t receives the un-rotated bf16 latent of the entry token t writes "
+                "(the input of V4.1's indexer wk); other rows untouched"),
     ),
     outputs="()",
     check=check,

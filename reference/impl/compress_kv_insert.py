@@ -24,6 +24,8 @@ def compress_kv_insert(a):
     normed = pooled * torch.rsqrt(pooled.square().mean(-1, keepdim=True) + a.eps) * a.norm_weight.float()
     if ratio in formats.V41_COMPRESSION_RATIOS:              # V4.1 keeps the bf16 latent, then ropes it
         normed = normed.to(torch.bfloat16).float()
+    if a.latent is not None:
+        a.latent[done] = normed.to(torch.bfloat16)
     cos, sin = cos_sin(a.cos_sin_cache, p - ratio + 1)      # RoPE at the window's first position
     entry = rotate(normed, cos, sin).to(torch.bfloat16).float()
     if a.layout.is_paged_bytes:

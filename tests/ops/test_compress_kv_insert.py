@@ -177,7 +177,8 @@ def test_v41_latent_is_rounded_to_bf16_before_rope(backend):
 PATH_CASES = [dict(layout="fp8_ds_mla", ratio=4, reqs=((0, 9), (5, 1), (7, 1), (30, 6)), block_size=4, pad=1, dp_pad=1),
          dict(layout="index_fp8", ratio=4, reqs=((2, 7), (11, 2), (0, 4)), block_size=8, skip_slot=True, pad=1),
          dict(layout="fp8_ds_mla", ratio=128, reqs=((100, 30), (127, 2), (0, 3)), block_size=2, pad=1, decode=3),
-         dict(layout="nvfp4_v41", ratio=2, reqs=((0, 9), (5, 8), (3, 2)), block_size=4, pad=1, decode=3, dp_pad=1),
+         dict(layout="nvfp4_v41", ratio=2, reqs=((0, 9), (5, 8), (3, 2)), block_size=4, pad=1, decode=3, dp_pad=1,
+              latent=True),
          dict(layout="index_mxfp4", ratio=1, reqs=((0, 9), (5, 8)), block_size=8, pad=2, skip_slot=True)]
 
 
