@@ -1,9 +1,12 @@
-"""Op (docs/ops.md §9): the V4 KV compressor. Saves each token's KV / gate rows in the compressor
-state cache, and at every ``ratio``-th position pools the window into one entry (softmax gate,
-RMSNorm, RoPE) written quantized into the compressed cache (``fp8_ds_mla``) or the indexer key cache."""
+"""Op (docs/ops.md §9): the V4 / V4.1 KV compressor. Saves each token's KV / gate rows in the
+compressor state cache, and at every ``ratio``-th position pools the window into one entry (softmax
+gate, RMSNorm, RoPE) written quantized into the compressed cache (``fp8_ds_mla``, ``nvfp4_v41*``,
+``mxfp8_v41*``) or the indexer key cache (``index_fp8``, ``index_mxfp4``); V4.1's ratio 1 pools
+nothing and keeps no state."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -16,7 +19,6 @@ from ..sampling import change, cos_sin_cache, randint, randn, set_args, to_devic
 from ..shapes import C4_BLOCK, C128_BLOCK
 from ..tolerance import Collector, Verdict, bf16_ulp_close, fp8_blocks_close
 from .qnorm_rope_kv_insert import check_kv_cache
-
 
 STATE_ARGS = ("state_cache", "state_slot_mapping", "state_block_table", "token_to_req")
 

@@ -12,6 +12,7 @@ then the entry writes; several tokens per state-copy program), each against the 
 conformance cases with token counts that do not divide by the copy's tokens per program."""
 import pytest
 import torch
+from dsv4ops.reference.impl.rope import rotate
 from helpers import BACKENDS, model_entries, needs_triton
 
 import dsv4ops
@@ -21,7 +22,6 @@ from dsv4ops.conformance.cases import make_case
 from dsv4ops.formats import COMPRESSED_LAYOUTS
 from dsv4ops.ops import OPS
 from dsv4ops.ops.compress_kv_insert import fp4_records_close
-from dsv4ops.reference.impl.rope import rotate
 from dsv4ops.sampling import cos_sin_cache
 from dsv4ops.tolerance import Collector
 
