@@ -166,10 +166,13 @@ INDEX_FP8 = Layout("index_fp8", Layout.INDEX_FP8, torch.uint8, torch.float8_e4m3
 INDEX_MXFP4 = Layout("index_mxfp4", Layout.INDEX_MXFP4, torch.uint8, torch.uint8, None, INDEX_MXFP4_TOKEN_BYTES,
                      data_bytes=INDEX_DIM // 2, scale_bytes=INDEX_DIM // MX_BLOCK, scale_block=MX_BLOCK)
 INDEX_LAYOUTS = {layout.name: layout for layout in (INDEX_FP8, INDEX_MXFP4)}
-# What the compressor writes: the C4 / C128 attention entries, or C4's indexer keys.
-COMPRESSED_LAYOUTS = {"fp8_ds_mla": LAYOUTS["fp8_ds_mla"], "index_fp8": INDEX_FP8,
-                      **{name: LAYOUTS[name] for name in ("nvfp4_v41", "nvfp4_v41_inline")}}
-COMPRESSION_RATIOS = (4, 128)                   # C4 (overlapping windows) and C128 (docs/ops.md §9)
+# What the compressor writes: the attention entries (V4 fp8_ds_mla, V4.1 records) or the indexer keys.
+COMPRESSED_LAYOUTS = {"fp8_ds_mla": LAYOUTS["fp8_ds_mla"], **INDEX_LAYOUTS,
+                      **{name: LAYOUTS[name] for name in ("nvfp4_v41", "nvfp4_v41_inline", "mxfp8_v41",
+                                                          "mxfp8_v41_inline")}}
+V4_COMPRESSION_RATIOS = (4, 128)                # C4 (overlapping windows) and C128 (docs/ops.md §9)
+V41_COMPRESSION_RATIOS = (2, 1)                 # DeepSeek-V4.1: pairs, and every token its own entry
+COMPRESSION_RATIOS = V4_COMPRESSION_RATIOS + V41_COMPRESSION_RATIOS
 
 
 def window_overlap(ratio: int) -> int:

@@ -181,8 +181,30 @@ def nvfp4_encode(x, R: tl.constexpr, SOFT: tl.constexpr):
     byte = fp8_byte(to_e4m3(s, 448.0, False, SOFT), SOFT)
     codes = e2m1_encode(tl.math.div_rn(blocks, e4m3_byte_to_f32(byte, SOFT)[:, :, None]))
     codes = tl.where(nan[:, :, None], 0, codes)
-    lo, hi = tl.split(tl.reshape(codes, (R, 256, 2)))
-    return (lo | (hi << 4)).to(tl.uint8), tl.where(nan, 0x7F, byte).to(tl.uint8)
+    return e2m1_pack(codes, R, 512), tl.where(nan, 0x7F, byte).to(tl.uint8)
+
+
+@triton.jit
+def e2m1_pack(codes, R: tl.constexpr, D: tl.constexpr):
+    """e2m1 codes (int32, ``D`` a row in any blocking ``[R, ...]``) -> uint8 ``[R, D / 2]``, value
+    ``2i`` in the low nibble of byte ``i``."""
+    lo, hi = tl.split(tl.reshape(codes, (R, D // 2, 2)))
+    return (lo | (hi << 4)).to(tl.uint8)
+
+
+@triton.jit
+def mxfp4_encode(x, R: tl.constexpr, D: tl.constexpr):
+    """fp32 ``[R, D]`` -> (packed e2m1 uint8 ``[R, D / 2]``, UE8M0 bytes uint8 ``[R, D / 32]``), the
+    bytes of ``quant.encode_mxfp4``: per 32 values ``e = max(ceil(log2(amax / 6)), -126)`` (IEEE
+    quotient, exact exponent), codes ``e2m1(x / 2**e)``; a block holding NaN or inf gets byte 255 and
+    codes 0."""
+    blocks = tl.reshape(x, (R, D // 32, 32))
+    amax = tl.max(tl.abs(blocks), axis=2)
+    bad = (tl.max((blocks != blocks).to(tl.int32), axis=2) > 0) | (amax == float("inf"))
+    quotient = tl.math.div_rn(tl.where(bad, 1.0, amax), 6.0)
+    e = ceil_log2(tl.maximum(quotient, 1.1754943508222875e-38))          # floor 2**-126: e >= -126
+    codes = tl.where(bad[:, :, None], 0, e2m1_encode(blocks * exp2_int(-e)[:, :, None]))
+    return e2m1_pack(codes, R, D), tl.where(bad, 255, e + 127).to(tl.uint8)
 
 
 @triton.jit

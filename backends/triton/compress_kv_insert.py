@@ -1,12 +1,13 @@
 """Triton compress_kv_insert (docs/ops.md §9):
 
-1. ``_save_state``: each live token's fp32 state row ``[kv, score + ape[p % ratio]]`` (a copy), the
-   rows of ``max(1, compress_save_elems // width)`` tokens per program.
+1. ``_save_state``: each live token's fp32 state row ``[kv, score + ape[p % ratio]]`` (a copy; V4.1's
+   ratio 2 has no ape), the rows of ``max(1, compress_save_elems // width)`` tokens per program.
+   Ratio 1 keeps no state: step 2 reads each token's own kv row.
 2. The window pooling: each program takes a block of tokens and handles the windows they close one
    after another. A window's state rows stream in chunks of ``compress_chunk`` positions with an
    online softmax per channel, then ``_write_entry`` does RMSNorm, RoPE (split / interleave of the
    pairs), bf16 and the quantized store, which need the whole row. The softmax is per channel, so
-   the channels split freely: with ``compress_channels_c4`` / ``_c128`` >= D one ``_compress``
+   the channels split freely: with ``compress_channels_c4`` (also ratio 2) / ``_c128`` >= D one ``_compress``
    program (of ``compress_tokens`` tokens) pools and writes whole windows; below D (C128's default:
    the 64 windows of an 8192-token prefill would occupy half the SMs, walking 128 x 512 values each)
    ``_pool`` programs over (``compress_pool_tokens`` tokens, channel group) write the pooled fp32
@@ -22,14 +23,14 @@ import triton.language as tl
 from dsv4ops import formats
 from dsv4ops.quant import FP8_MAX
 
-from .common import ceil_log2, exp2_int, nvfp4_encode, to_e4m3, v41_record_offsets
+from .common import ceil_log2, exp2_int, mxfp4_encode, mxfp8_encode, nvfp4_encode, to_e4m3, v41_record_offsets
 from .tuning import Target
 
 
 @triton.jit
 def _save_state(kv_ptr, kv_stride, score_ptr, score_stride, pos_ptr, pos_stride, ape_ptr, state_ptr, st_stride0,
                 st_stride1, sslot_ptr, sslot_stride, n, sbs, RATIO: tl.constexpr, WIDTH: tl.constexpr,
-                TOKENS: tl.constexpr):
+                TOKENS: tl.constexpr, HAS_APE: tl.constexpr):
     t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)
     slot = tl.load(sslot_ptr + t * sslot_stride, mask=t < n, other=-1)
     live = (slot >= 0)[:, None]
@@ -37,23 +38,27 @@ def _save_state(kv_ptr, kv_stride, score_ptr, score_stride, pos_ptr, pos_stride,
     d = tl.arange(0, WIDTH)[None, :]
     row = (state_ptr + (slot // sbs) * st_stride0 + (slot % sbs) * st_stride1)[:, None] + d
     kv = tl.load(kv_ptr + t[:, None] * kv_stride + d, mask=live).to(tl.float32)
-    phase = tl.load(pos_ptr + t * pos_stride, mask=t < n, other=0) % RATIO
-    ape = tl.load(ape_ptr + phase[:, None] * WIDTH + d, mask=live)
     score = tl.load(score_ptr + t[:, None] * score_stride + d, mask=live).to(tl.float32)
+    if HAS_APE:
+        phase = tl.load(pos_ptr + t * pos_stride, mask=t < n, other=0) % RATIO
+        score += tl.load(ape_ptr + phase[:, None] * WIDTH + d, mask=live)
     tl.store(row, kv, mask=live)
-    tl.store(row + WIDTH, score + ape, mask=live)
+    tl.store(row + WIDTH, score, mask=live)
 
 
 @triton.jit
 def _closing(n, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO: tl.constexpr,
              TOKENS: tl.constexpr):
     """The program's TOKENS tokens: (token, position, compressed slot, rank among those that write an
-    entry (from 1; 0 for the others), how many write one)."""
+    entry (from 1; 0 for the others), how many write one). Ratio 1 has no state slots: every token
+    with a slot writes one."""
     t = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)
     tc = tl.minimum(t, n - 1)
     p = tl.load(pos_ptr + tc * pos_stride)
     slot = tl.load(slot_ptr + tc * slot_stride)
-    closes = (t < n) & (tl.load(sslot_ptr + tc * sslot_stride) >= 0) & ((p + 1) % RATIO == 0) & (slot >= 0)
+    closes = (t < n) & ((p + 1) % RATIO == 0) & (slot >= 0)
+    if RATIO > 1:
+        closes = closes & (tl.load(sslot_ptr + tc * sslot_stride) >= 0)
     rank = tl.where(closes, tl.cumsum(closes.to(tl.int32), axis=0), 0)
     return t, p, slot, rank, tl.sum(closes.to(tl.int32), axis=0)
 
@@ -98,13 +103,19 @@ def _pool_window(t, p, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0
 
 
 @triton.jit
-def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D: tl.constexpr,
-                 RATIO: tl.constexpr, KIND: tl.constexpr, INLINE: tl.constexpr, FP8_MAX: tl.constexpr,
-                 FP8_SOFT: tl.constexpr):
-    """RMSNorm, RoPE at the window's first position, bf16, and the quantized entry at ``slot``."""
+def _write_entry(pooled, t, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, lat_ptr, lat_stride, block_size,
+                 page_bytes, D: tl.constexpr, RATIO: tl.constexpr, KIND: tl.constexpr, INLINE: tl.constexpr,
+                 FP8_MAX: tl.constexpr, FP8_SOFT: tl.constexpr, LATENT: tl.constexpr):
+    """RMSNorm, RoPE at the window's first position, bf16, and the quantized entry at ``slot``
+    (V4.1 ratios 2 and 1: the normed latent rounded to bf16 before the rotation); with LATENT the
+    un-rotated bf16 latent into row ``t`` of the latent buffer."""
     d = tl.arange(0, D)
     weight = tl.load(w_ptr + d * w_stride).to(tl.float32)
     normed = pooled / tl.sqrt(tl.sum(pooled * pooled, axis=0) / D + eps) * weight
+    if RATIO <= 2:
+        normed = normed.to(tl.bfloat16).to(tl.float32)
+    if LATENT:
+        tl.store(lat_ptr + t * lat_stride + d, normed.to(tl.bfloat16))
     even, odd = tl.split(tl.reshape(normed, (D // 2, 2)))
     i = tl.arange(0, D // 2) - (D - 64) // 2                 # rotation pair index, < 0 on NoPE dims
     rope = i >= 0
@@ -117,11 +128,20 @@ def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block
     block = slot // block_size
     off = slot % block_size
     page_ptr = cache_ptr + block * page_bytes
-    if KIND == 5:                  # Layout.NVFP4: one V4.1 record
-        packed, scales = nvfp4_encode(tl.reshape(y, (1, D)), 1, FP8_SOFT)
-        data, sc = v41_record_offsets(off, block_size, 288, 256, INLINE)
-        tl.store(page_ptr + data + tl.arange(0, 256)[None, :], packed)
-        tl.store(page_ptr + sc + tl.arange(0, 32)[None, :], scales)
+    if KIND == 4 or KIND == 5:     # Layout.MXFP8 / Layout.NVFP4: one V4.1 record
+        DATA: tl.constexpr = 256 if KIND == 5 else 512
+        SCALES: tl.constexpr = 32 if KIND == 5 else 16
+        if KIND == 5:
+            values, scales = nvfp4_encode(tl.reshape(y, (1, D)), 1, FP8_SOFT)
+        else:
+            values, scales = mxfp8_encode(tl.reshape(y, (1, D)), 1, FP8_SOFT)
+        data, sc = v41_record_offsets(off, block_size, DATA + SCALES, DATA, INLINE)
+        tl.store(page_ptr + data + tl.arange(0, DATA)[None, :], values)
+        tl.store(page_ptr + sc + tl.arange(0, SCALES)[None, :], scales)
+    elif KIND == 6:                # Layout.INDEX_MXFP4: 64 value bytes, then 4 UE8M0 bytes
+        values, scales = mxfp4_encode(tl.reshape(y, (1, D)), 1, D)
+        tl.store(page_ptr + off * (D // 2) + tl.arange(0, D // 2)[None, :], values)
+        tl.store(page_ptr + block_size * (D // 2) + off * (D // 32) + tl.arange(0, D // 32)[None, :], scales)
     elif KIND == 0:                # Layout.DS_MLA
         tiles = tl.reshape(y, (D // 64, 64))
         ex = ceil_log2(tl.maximum(tl.max(tl.abs(tiles), axis=1), 1e-4) / FP8_MAX)
@@ -133,7 +153,7 @@ def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block
         k = tl.arange(0, D // 64)
         byte = tl.where(k < D // 64 - 1, tl.minimum(tl.maximum(ex + 127, 0), 255), 0)
         tl.store(page_ptr + block_size * 576 + off * 8 + k, byte.to(tl.uint8))
-    else:
+    else:                          # Layout.INDEX_FP8
         ex = ceil_log2(tl.maximum(tl.max(tl.abs(y), axis=0), 1e-4) / FP8_MAX)
         q8 = to_e4m3(y * exp2_int(-ex), FP8_MAX, False, FP8_SOFT)
         tl.store(page_ptr + off * D + d, q8.to(tl.uint8, bitcast=True))
@@ -141,36 +161,42 @@ def _write_entry(pooled, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block
 
 
 @triton.jit
-def _compress(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, sslot_stride, btab_ptr, btab_stride0,
-              btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, slot_ptr, slot_stride,
-              block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr,
-              KIND: tl.constexpr, INLINE: tl.constexpr, FP8_MAX: tl.constexpr, TOKENS: tl.constexpr,
-              FP8_SOFT: tl.constexpr):
+def _compress(kv_ptr, kv_stride, pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, sslot_stride,
+              btab_ptr, btab_stride0, btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr,
+              lat_ptr, lat_stride, slot_ptr, slot_stride, block_size, page_bytes, n, D: tl.constexpr,
+              RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr, KIND: tl.constexpr, INLINE: tl.constexpr,
+              FP8_MAX: tl.constexpr, TOKENS: tl.constexpr, FP8_SOFT: tl.constexpr, LATENT: tl.constexpr):
     """Program of TOKENS tokens: pools each whole window they close and writes its entry (one token:
     a branch, not a loop, which takes sm90 16 registers fewer)."""
     t, p, slot, rank, count = _closing(n, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO,
                                        TOKENS)
-    window = (t, p, slot, rank, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1, req_ptr,
-              req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes)
+    window = (t, p, slot, rank, kv_ptr, kv_stride, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0,
+              btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, lat_ptr, lat_stride,
+              block_size, page_bytes)
     if TOKENS == 1:
         if count > 0:
-            _whole_window(0, *window, D, RATIO, C, CHUNK, KIND, INLINE, FP8_MAX, FP8_SOFT)
+            _whole_window(0, *window, D, RATIO, C, CHUNK, KIND, INLINE, FP8_MAX, FP8_SOFT, LATENT)
     else:
         for i in range(count):
-            _whole_window(i, *window, D, RATIO, C, CHUNK, KIND, INLINE, FP8_MAX, FP8_SOFT)
+            _whole_window(i, *window, D, RATIO, C, CHUNK, KIND, INLINE, FP8_MAX, FP8_SOFT, LATENT)
 
 
 @triton.jit
-def _whole_window(i, t, p, slot, rank, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1, req_ptr,
-                  req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D: tl.constexpr,
-                  RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr, KIND: tl.constexpr, INLINE: tl.constexpr,
-                  FP8_MAX: tl.constexpr, FP8_SOFT: tl.constexpr):
-    """The entry of the window the i-th closing token of the block closes."""
+def _whole_window(i, t, p, slot, rank, kv_ptr, kv_stride, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0,
+                  btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr, lat_ptr, lat_stride,
+                  block_size, page_bytes, D: tl.constexpr, RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr,
+                  KIND: tl.constexpr, INLINE: tl.constexpr, FP8_MAX: tl.constexpr, FP8_SOFT: tl.constexpr,
+                  LATENT: tl.constexpr):
+    """The entry of the window the i-th closing token of the block closes (ratio 1: the token's own
+    kv row, no state)."""
     ti, pi, si = _pick(i, t, p, slot, rank)
-    pooled = _pool_window(ti, pi, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1, req_ptr,
-                          req_stride, sbs, 0, D, D, RATIO, C, CHUNK)
-    _write_entry(pooled, pi, si, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D, RATIO, KIND,
-                 INLINE, FP8_MAX, FP8_SOFT)
+    if RATIO == 1:
+        pooled = tl.load(kv_ptr + ti * kv_stride + tl.arange(0, D)).to(tl.float32)
+    else:
+        pooled = _pool_window(ti, pi, state_ptr, st_stride0, st_stride1, btab_ptr, btab_stride0, btab_stride1,
+                              req_ptr, req_stride, sbs, 0, D, D, RATIO, C, CHUNK)
+    _write_entry(pooled, ti, pi, si, w_ptr, w_stride, eps, cs_ptr, cache_ptr, lat_ptr, lat_stride, block_size,
+                 page_bytes, D, RATIO, KIND, INLINE, FP8_MAX, FP8_SOFT, LATENT)
 
 
 @triton.jit
@@ -192,44 +218,56 @@ def _pool(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, ssl
 
 @triton.jit
 def _finish(pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, ws_ptr, w_ptr, w_stride, eps, cs_ptr,
-            cache_ptr, block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr, KIND: tl.constexpr,
-            INLINE: tl.constexpr, FP8_MAX: tl.constexpr, TOKENS: tl.constexpr, FP8_SOFT: tl.constexpr):
+            cache_ptr, lat_ptr, lat_stride, block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr,
+            KIND: tl.constexpr, INLINE: tl.constexpr, FP8_MAX: tl.constexpr, TOKENS: tl.constexpr,
+            FP8_SOFT: tl.constexpr, LATENT: tl.constexpr):
     """Program of TOKENS tokens: the entries of the pooled rows ``_pool`` left in ws."""
     t, p, slot, rank, count = _closing(n, pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, RATIO,
                                        TOKENS)
     for i in range(count):
         ti, pi, si = _pick(i, t, p, slot, rank)
         pooled = tl.load(ws_ptr + ti * D + tl.arange(0, D))
-        _write_entry(pooled, pi, si, w_ptr, w_stride, eps, cs_ptr, cache_ptr, block_size, page_bytes, D, RATIO,
-                     KIND, INLINE, FP8_MAX, FP8_SOFT)
+        _write_entry(pooled, ti, pi, si, w_ptr, w_stride, eps, cs_ptr, cache_ptr, lat_ptr, lat_stride, block_size,
+                     page_bytes, D, RATIO, KIND, INLINE, FP8_MAX, FP8_SOFT, LATENT)
 
 
 def compress_kv_insert(target: Target, a):
-    n = a.state_slot_mapping.shape[0]
+    slots = a.slot_mapping
+    n = slots.shape[0]
     if n == 0:
         return None
     c = formats.window_overlap(a.ratio)
     width = a.kv.shape[1]
     D = width // c
-    sc = a.state_cache
     page_bytes = a.kv_cache.stride(0)
     tun = target.tuning
     warps = tun.compress_warps
-    tokens = max(1, tun.compress_save_elems // width)
+    pos = a.positions
+    if a.ratio == 1:
+        # no state: the kernels read each token's kv row and never load these (placeholders)
+        sc, sc_strides, sslots, table, req = a.kv, (0, 0), slots, slots.view(1, n), slots
+        channels = D
+    else:
+        sc, sslots, table, req = a.state_cache, a.state_slot_mapping, a.state_block_table, a.token_to_req
+        sc_strides = (sc.stride(0), sc.stride(1))
+        channels = min(D, tun.compress_channels_c128 if a.ratio == 128 else tun.compress_channels_c4)
+        tokens = max(1, tun.compress_save_elems // width)
+        ape = sc if a.ape is None else a.ape
+        _save_state[(triton.cdiv(n, tokens),)](a.kv, a.kv.stride(0), a.score, a.score.stride(0), pos, pos.stride(0),
+                                               ape, sc, *sc_strides, sslots, sslots.stride(0), n, sc.shape[1],
+                                               RATIO=a.ratio, WIDTH=width, TOKENS=tokens, HAS_APE=a.ape is not None,
+                                               num_warps=warps)
     chunk = min(c * a.ratio, tun.compress_chunk)
-    channels = min(D, tun.compress_channels_c4 if c == 2 else tun.compress_channels_c128)
-    pos, sslots, table, req, slots = a.positions, a.state_slot_mapping, a.state_block_table, a.token_to_req, a.slot_mapping
-    _save_state[(triton.cdiv(n, tokens),)](a.kv, a.kv.stride(0), a.score, a.score.stride(0), pos, pos.stride(0), a.ape,
-                                           sc, sc.stride(0), sc.stride(1), sslots, sslots.stride(0), n, sc.shape[1],
-                                           RATIO=a.ratio, WIDTH=width, TOKENS=tokens, num_warps=warps)
-    window = (pos, pos.stride(0), sc, sc.stride(0), sc.stride(1), sslots, sslots.stride(0), table, table.stride(0),
+    window = (pos, pos.stride(0), sc, *sc_strides, sslots, sslots.stride(0), table, table.stride(0),
               table.stride(1), req, req.stride(0), sc.shape[1])
-    entry = (a.norm_weight, a.norm_weight.stride(0), a.eps, a.cos_sin_cache, a.kv_cache)
+    lat = (a.kv, 0) if a.latent is None else (a.latent, a.latent.stride(0))     # a.kv: never written
+    entry = (a.norm_weight, a.norm_weight.stride(0), a.eps, a.cos_sin_cache, a.kv_cache, *lat)
     if channels == D:
         per = tun.compress_tokens
-        _compress[(triton.cdiv(n, per),)](*window, *entry, slots, slots.stride(0), a.block_size, page_bytes, n, D=D,
-                                          RATIO=a.ratio, C=c, CHUNK=chunk, KIND=a.layout.kind, INLINE=a.layout.inline,
-                                          FP8_MAX=FP8_MAX["ocp"], TOKENS=per, FP8_SOFT=target.fp8_soft, num_warps=warps)
+        _compress[(triton.cdiv(n, per),)](a.kv, a.kv.stride(0), *window, *entry, slots, slots.stride(0), a.block_size,
+                                          page_bytes, n, D=D, RATIO=a.ratio, C=c, CHUNK=chunk, KIND=a.layout.kind,
+                                          INLINE=a.layout.inline, FP8_MAX=FP8_MAX["ocp"], TOKENS=per,
+                                          FP8_SOFT=target.fp8_soft, LATENT=a.latent is not None, num_warps=warps)
         return None
     ws = torch.empty(n, D, dtype=torch.float32, device=a.kv.device)
     per = tun.compress_pool_tokens
@@ -238,5 +276,5 @@ def compress_kv_insert(target: Target, a):
     _finish[(triton.cdiv(n, per),)](pos, pos.stride(0), sslots, sslots.stride(0), slots, slots.stride(0), ws, *entry,
                                     a.block_size, page_bytes, n, D=D, RATIO=a.ratio, KIND=a.layout.kind,
                                     INLINE=a.layout.inline, FP8_MAX=FP8_MAX["ocp"], TOKENS=per, FP8_SOFT=target.fp8_soft,
-                                    num_warps=warps)
+                                    LATENT=a.latent is not None, num_warps=warps)
     return None
