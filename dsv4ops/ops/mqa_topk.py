@@ -2,6 +2,7 @@
 query row without the ``[T, S]`` logits buffer an engine would otherwise allocate."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -21,11 +22,13 @@ INT32_MAX = 2 ** 31 - 1
 
 def logits_args(a, out=None):
     """The mqa_logits call whose scores this call selects from (typed args)."""
-    return logits_op.OP.Args(q=a.q, k=a.k, k_scale=a.k_scale, weights=a.weights, ks=a.ks, ke=a.ke, clean=False,
+    return logits_op.OP.Args(q=a.q, k=a.k, k_scale=a.k_scale, weights=a.weights, ks=a.ks, ke=a.ke, q_scale=None, clean=False,
                              out=out)
 
 
 def check(c: Checker, a):
+    if isinstance(a.k, torch.Tensor) and a.k.dtype == torch.uint8:
+        c.fail("k", "must be fp8: MXFP4 keys (uint8) are read by mqa_logits (then indexer_topk), not yet by this fused op")
     logits_op.check(c, logits_args(a))
     c.int_arg("topk", a.topk, minimum=1)
     if a.topk > INT32_MAX - a.k.shape[0]:
@@ -44,7 +47,7 @@ def fake(a):
 def inputs(device, gen, *, topk, out=False, **logits_params):
     """mqa_logits' inputs (``logits_params``, without ``clean``) and ``topk``."""
     kwargs = logits_op.inputs(device, gen, **logits_params)
-    del kwargs["clean"]
+    del kwargs["clean"], kwargs["q_scale"]
     T = kwargs["q"].shape[0]
     if out:
         kwargs["out"] = torch.empty(T, topk, dtype=torch.int32, device=device)
@@ -104,6 +107,12 @@ ERRORS = (
     ("out", set_args(out=torch.empty(4, 8, dtype=torch.int32))),
 )
 
+FP8_ONLY = {            # the logits op's arguments, fp8 only here (MXFP4: the logits op, then indexer_topk)
+    "q": "fp8 [T, H, 128] contiguous (float8_e4m3fn, or float8_e4m3fnuz on gfx942), H >= 1",
+    "k": "q's fp8 type [S, 128] contiguous, the keys",
+    "k_scale": "fp32 [S] contiguous, positive per-key scales",
+}
+
 SPEC = OpSpec(
     name="mqa_topk",
     section=13,
@@ -112,7 +121,8 @@ SPEC = OpSpec(
     ks, ke int32 [T]. Returns int32 [T, topk]: indexer_topk(mqa_logits(...), topk, row_starts=ks,
     row_ends=ke), without materializing the logits (backends bound their workspace).""",
     args=(
-        *(arg for arg in logits_op.SPEC.args if arg.name not in ("clean", "out")),
+        *(replace(arg, doc=FP8_ONLY.get(arg.name, arg.doc)) for arg in logits_op.SPEC.args
+          if arg.name not in ("q_scale", "clean", "out")),
         Arg("topk", int, doc="indices per row (>= 1); rows shorter than topk are padded with -1"),
         Arg("out", Optional[Tensor], None, keyword_only=True, mutated=True,
             doc="int32 [T, topk] contiguous, or None to allocate"),

@@ -2,12 +2,13 @@
 the ``[rows, max_context_len]`` logits buffer an engine would otherwise allocate."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from .. import registry
+from .. import formats, registry
 from ..checker import Checker
 from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
@@ -23,10 +24,12 @@ INT32_MAX = 2 ** 31 - 1
 def logits_args(a, out=None):
     """The paged_mqa_logits call whose scores this call selects from (typed args)."""
     return logits_op.OP.Args(q=a.q, kv_cache=a.kv_cache, weights=a.weights, context_lens=a.context_lens,
-                             block_table=a.block_table, max_context_len=a.max_context_len, clean=False, out=out)
+                             block_table=a.block_table, max_context_len=a.max_context_len, q_scale=None, clean=False, out=out)
 
 
 def check(c: Checker, a):
+    if isinstance(a.kv_cache, torch.Tensor) and a.kv_cache.dim() and a.kv_cache.shape[-1] != formats.INDEX_TOKEN_BYTES:
+        c.fail("kv_cache", "must hold 132 B fp8 keys: MXFP4 keys (68 B) are read by paged_mqa_logits (then indexer_topk), not yet by this fused op")
     logits_op.check(c, logits_args(a))
     c.int_arg("topk", a.topk, minimum=1)
     if a.topk > INT32_MAX - a.max_context_len:
@@ -45,7 +48,7 @@ def fake(a):
 def inputs(device, gen, *, topk, out=False, **logits_params):
     """paged_mqa_logits' inputs (``logits_params``, without ``clean``) and ``topk``."""
     kwargs = logits_op.inputs(device, gen, **logits_params)
-    del kwargs["clean"]
+    del kwargs["clean"], kwargs["q_scale"]
     rows = kwargs["q"].shape[0] * kwargs["q"].shape[1]
     if out:
         kwargs["out"] = torch.empty(rows, topk, dtype=torch.int32, device=device)
@@ -108,6 +111,11 @@ ERRORS = (
     ("out", set_args(out=torch.empty(3, 8, dtype=torch.int32))),
 )
 
+FP8_ONLY = {            # the logits op's arguments, fp8 only here (MXFP4: the logits op, then indexer_topk)
+    "q": "float8_e4m3fn [B, next_n, H, 128] contiguous, H >= 1",
+    "kv_cache": "uint8 [num_blocks, block_size, 1, 132], the paged fp8 index keys (formats.pack_index_keys)",
+}
+
 SPEC = OpSpec(
     name="paged_mqa_topk",
     section=12,
@@ -117,7 +125,8 @@ SPEC = OpSpec(
     Returns int32 [B * next_n, topk]: indexer_topk(paged_mqa_logits(...), topk, seq_lens=context_lens,
     next_n=next_n), without materializing the logits (backends bound their workspace).""",
     args=(
-        *(arg for arg in logits_op.SPEC.args if arg.name not in ("clean", "out")),
+        *(replace(arg, doc=FP8_ONLY.get(arg.name, arg.doc)) for arg in logits_op.SPEC.args
+          if arg.name not in ("q_scale", "clean", "out")),
         Arg("topk", int, doc="indices per row (>= 1); rows shorter than topk are padded with -1"),
         Arg("out", Optional[Tensor], None, keyword_only=True, mutated=True,
             doc="int32 [B * next_n, topk] contiguous, or None to allocate"),
