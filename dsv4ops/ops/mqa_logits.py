@@ -168,7 +168,7 @@ def magnitude(kw: dict) -> torch.Tensor:
     magnitudes), the scale of the logits' error bound."""
     k_scale = kw["k_scale"] if kw["k"].dtype == MXFP4 else kw["k_scale"].abs()
     return registry.get_op("mqa_logits").function(fp8_abs(kw["q"]), fp8_abs(kw["k"]), k_scale, kw["weights"].abs(),
-                                                  kw["ks"], kw["ke"], q_scale=kw["q_scale"], backend="reference")
+                                                  kw["ks"], kw["ke"], q_scale=kw.get("q_scale"), backend="reference")
 
 
 def cost(kw: dict) -> tuple[int, int]:
@@ -176,7 +176,7 @@ def cost(kw: dict) -> tuple[int, int]:
     (T, H), S = kw["q"].shape[:2], kw["k"].shape[0]
     pairs = int((kw["ke"].long() - kw["ks"].long()).sum())          # (row, key) scores in the ranges
     written = T * S if kw["clean"] else pairs
-    moved = nbytes(kw["q"], kw["q_scale"], kw["k"], kw["k_scale"], kw["weights"], kw["ks"], kw["ke"]) + written * 4
+    moved = nbytes(kw["q"], kw.get("q_scale"), kw["k"], kw["k_scale"], kw["weights"], kw["ks"], kw["ke"]) + written * 4
     return moved, 2 * pairs * H * formats.INDEX_DIM
 
 

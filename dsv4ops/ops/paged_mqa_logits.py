@@ -171,7 +171,7 @@ def magnitude(kw: dict) -> torch.Tensor:
     return registry.get_op("paged_mqa_logits").function(
         fp8_abs(kw["q"]),
         abs_index_cache(kw["kv_cache"]), kw["weights"].abs(), kw["context_lens"], kw["block_table"],
-        kw["max_context_len"], q_scale=kw["q_scale"], backend="reference")
+        kw["max_context_len"], q_scale=kw.get("q_scale"), backend="reference")
 
 
 def unspecified(kw: dict):
@@ -187,7 +187,7 @@ def cost(kw: dict) -> tuple[int, int]:
     B, n, H = kw["q"].shape[:3]
     lens = kw["context_lens"].reshape(B, -1).amax(1).long()
     keys = int(lens.sum()) * kw["kv_cache"].shape[-1]
-    moved = keys + nbytes(kw["q"], kw["q_scale"], kw["weights"]) + B * n * kw["max_context_len"] * 4
+    moved = keys + nbytes(kw["q"], kw.get("q_scale"), kw["weights"]) + B * n * kw["max_context_len"] * 4
     return moved, 2 * n * H * formats.INDEX_DIM * int(lens.sum())
 
 

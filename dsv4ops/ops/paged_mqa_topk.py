@@ -1,8 +1,6 @@
 """Op 12 (docs/ops.md §12): the decode indexer in one call, paged logits to top-k indices without
 the ``[rows, max_context_len]`` logits buffer an engine would otherwise allocate."""
 from __future__ import annotations
-
-from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -14,7 +12,7 @@ from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..rows import decode_row_ends
 from ..sampling import change, set_args
-from ..shapes import C4_BLOCK, INDEX_HEADS, INDEX_TOPK
+from ..shapes import C4_BLOCK, INDEX_HEADS, INDEX_TOPK, V41_INDEX_HEADS
 from ..tolerance import Collector, Verdict, topk_selection
 from . import paged_mqa_logits as logits_op
 
@@ -24,12 +22,11 @@ INT32_MAX = 2 ** 31 - 1
 def logits_args(a, out=None):
     """The paged_mqa_logits call whose scores this call selects from (typed args)."""
     return logits_op.OP.Args(q=a.q, kv_cache=a.kv_cache, weights=a.weights, context_lens=a.context_lens,
-                             block_table=a.block_table, max_context_len=a.max_context_len, q_scale=None, clean=False, out=out)
+                             block_table=a.block_table, max_context_len=a.max_context_len, q_scale=a.q_scale,
+                             clean=False, out=out)
 
 
 def check(c: Checker, a):
-    if isinstance(a.kv_cache, torch.Tensor) and a.kv_cache.dim() and a.kv_cache.shape[-1] != formats.INDEX_TOKEN_BYTES:
-        c.fail("kv_cache", "must hold 132 B fp8 keys: MXFP4 keys (68 B) are read by paged_mqa_logits (then indexer_topk), not yet by this fused op")
     logits_op.check(c, logits_args(a))
     c.int_arg("topk", a.topk, minimum=1)
     if a.topk > INT32_MAX - a.max_context_len:
@@ -48,7 +45,7 @@ def fake(a):
 def inputs(device, gen, *, topk, out=False, **logits_params):
     """paged_mqa_logits' inputs (``logits_params``, without ``clean``) and ``topk``."""
     kwargs = logits_op.inputs(device, gen, **logits_params)
-    del kwargs["clean"], kwargs["q_scale"]
+    del kwargs["clean"]
     rows = kwargs["q"].shape[0] * kwargs["q"].shape[1]
     if out:
         kwargs["out"] = torch.empty(rows, topk, dtype=torch.int32, device=device)
@@ -65,6 +62,9 @@ def cases(tier: str):
         yield dict(B=2, next_n=1, context=24, H=8, block_size=16, topk=64)                # k > every length
         for corner in ("zero_len", "short", "padded_rows", "all_zero_len"):
             yield dict(B=3, next_n=2, context=24, H=8, block_size=16, corner=corner, topk=8)
+        for q_fmt in ("fp8", "mxfp4"):                                    # V4.1: MXFP4 keys, 32 heads
+            yield dict(B=3, next_n=3, context=40, H=V41_INDEX_HEADS, block_size=16, layout="index_mxfp4",
+                       q_fmt=q_fmt, topk=16)
         return
     for B, next_n, context in ((128, 1, 8192), (64, 2, 8192), (16, 4, 32768), (8, 1, 131072)):
         for topk in INDEX_TOPK.values():
@@ -81,7 +81,7 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     kw = ref_kwargs
     logits = registry.get_op("paged_mqa_logits").function
     args = dict(q=kw["q"], kv_cache=kw["kv_cache"], weights=kw["weights"], context_lens=kw["context_lens"],
-                block_table=kw["block_table"], max_context_len=kw["max_context_len"])
+                block_table=kw["block_table"], max_context_len=kw["max_context_len"], q_scale=kw.get("q_scale"))
     scores = logits(**args, backend="reference")
     ends = decode_row_ends(kw["context_lens"], kw["q"].shape[1])
     topk_selection(c, scores, kw["topk"], torch.zeros_like(ends), ends, got_result, 1e-4 * logits_op.magnitude(kw),
@@ -91,9 +91,11 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
 
 def cost(kw: dict) -> tuple[int, int]:
     """(bytes, flops): every valid key read once, q and weights once, the indices written."""
-    B, n, H, D = kw["q"].shape
+    B, n, H = kw["q"].shape[:3]
+    D = formats.INDEX_DIM
     keys = int(kw["context_lens"].reshape(B, -1).amax(1).long().sum())
-    return keys * 132 + nbytes(kw["q"], kw["weights"]) + B * n * kw["topk"] * 4, 2 * n * H * D * keys
+    moved = keys * kw["kv_cache"].shape[-1] + nbytes(kw["q"], kw.get("q_scale"), kw["weights"]) + B * n * kw["topk"] * 4
+    return moved, 2 * n * H * D * keys
 
 
 ERRORS = (
@@ -111,23 +113,19 @@ ERRORS = (
     ("out", set_args(out=torch.empty(3, 8, dtype=torch.int32))),
 )
 
-FP8_ONLY = {            # the logits op's arguments, fp8 only here (MXFP4: the logits op, then indexer_topk)
-    "q": "float8_e4m3fn [B, next_n, H, 128] contiguous, H >= 1",
-    "kv_cache": "uint8 [num_blocks, block_size, 1, 132], the paged fp8 index keys (formats.pack_index_keys)",
-}
-
 SPEC = OpSpec(
     name="paged_mqa_topk",
     section=12,
     doc="""The topk largest paged_mqa_logits scores of each decode row, as row-local indices: q fp8
-    [B, next_n, H, 128]; kv_cache uint8 [num_blocks, block_size, 1, 132]; weights fp32 [B * next_n,
+    [B, next_n, H, 128] (or MXFP4 with q_scale, as paged_mqa_logits takes it); kv_cache uint8
+    [num_blocks, block_size, 1, 132 or 68]; weights fp32 [B * next_n,
     H]; context_lens int32 [B] (causal MTP rule) or [B, next_n]; block_table int32 [B, max_blocks].
     Returns int32 [B * next_n, topk]: indexer_topk(paged_mqa_logits(...), topk, seq_lens=context_lens,
     next_n=next_n), without materializing the logits (backends bound their workspace).""",
     args=(
-        *(replace(arg, doc=FP8_ONLY.get(arg.name, arg.doc)) for arg in logits_op.SPEC.args
-          if arg.name not in ("q_scale", "clean", "out")),
+        *(arg for arg in logits_op.SPEC.args if arg.name not in ("q_scale", "clean", "out")),
         Arg("topk", int, doc="indices per row (>= 1); rows shorter than topk are padded with -1"),
+        *(arg for arg in logits_op.SPEC.args if arg.name == "q_scale"),
         Arg("out", Optional[Tensor], None, keyword_only=True, mutated=True,
             doc="int32 [B * next_n, topk] contiguous, or None to allocate"),
     ),
