@@ -75,6 +75,15 @@ def layout_in(*names: str) -> Callable:
     return check
 
 
+def index_mxfp4(call) -> str | None:
+    """What of an indexer logits call (paged_mqa_logits, mqa_logits and their top-k forms) is MXFP4
+    (DeepSeek-V4.1: packed e2m1, UE8M0 scales): "MXFP4 keys", "MXFP4 queries", or None (all fp8)."""
+    kv, k = call.get("kv_cache"), call.get("k")
+    if (kv is not None and kv.shape[-1] != 132) or (k is not None and k.dtype == torch.uint8):
+        return "MXFP4 keys"
+    return "MXFP4 queries" if call.q.dtype == torch.uint8 else None
+
+
 def sm_major(arch: str) -> int:
     """'sm90' -> 9, 'sm100' -> 10, 'sm121' -> 12; 0 for non-CUDA arch tags."""
     digits = arch[2:] if arch.startswith("sm") else ""

@@ -424,6 +424,16 @@ def unpack_index_keys(cache: torch.Tensor) -> torch.Tensor:
     return values.to(torch.float32) * scales.unsqueeze(-1)
 
 
+def index_vectors(values: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
+    """Indexer queries or keys -> fp32 ``[..., 128]``: fp8 e4m3 ``[..., 128]`` (times fp32 ``scales
+    [...]`` when given), or MXFP4: packed e2m1 uint8 ``[..., 64]`` with UE8M0 bytes uint8 ``[..., 4]``
+    (docs/ops.md §3, §11)."""
+    if values.dtype == torch.uint8:
+        return decode_mxfp4(values, scales)
+    out = values.to(torch.float32)
+    return out if scales is None else out * scales.unsqueeze(-1)
+
+
 # ---------------------------------------------------------------------------------------------
 # Request-local -> global cache indices (docs/ops.md §5, vLLM ComputeGlobalTopkIndicesAndLens)
 

@@ -113,7 +113,7 @@ def _pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
 
 def _unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     """Bytes ``[..., m]`` -> 4-bit codes ``[..., 2m]`` (low nibble first)."""
-    return torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(*packed.shape[:-1], -1)
+    return torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(*packed.shape[:-1], 2 * packed.shape[-1])
 
 
 def encode_mxfp8(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -206,5 +206,5 @@ def encode_mxfp4(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def decode_mxfp4(packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """(packed e2m1 uint8 ``[..., D / 2]``, UE8M0 bytes ``[..., D / 32]``) -> fp32 ``[..., D]``."""
     lead = packed.shape[:-1]
-    codes = _unpack_nibbles(packed).reshape(*lead, -1, MX_BLOCK)
-    return (e2m1_value(codes) * ue8m0_to_float(scales).unsqueeze(-1)).reshape(*lead, -1)
+    codes = _unpack_nibbles(packed).reshape(*lead, scales.shape[-1], MX_BLOCK)
+    return (e2m1_value(codes) * ue8m0_to_float(scales).unsqueeze(-1)).reshape(*lead, 2 * packed.shape[-1])

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from . import formats
-from .quant import to_fp8, ue8m0_scale
+from .quant import encode_mxfp4, to_fp8, ue8m0_scale
 
 SOFTMAX_SCALE = 512 ** -0.5
 ROPE_THETA = 10000.0
@@ -75,6 +75,15 @@ def index_lists(gen, T, topk, num_slots, lens_mode, corner):
         lens[::2] = 0
     selected = idx[(idx >= 0) & ~(pos[None, :] >= lens[:, None])] if lens_mode is not None else idx[idx >= 0]
     return idx.to(torch.int32), (lens.to(torch.int32) if lens_mode is not None else None), selected
+
+
+def index_query(x: torch.Tensor, fmt: str, flavour: str = "ocp") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """fp32 indexer queries ``[..., 128]`` -> ``(q, q_scale)``: e4m3 and None (``fmt="fp8"``), or MXFP4
+    (``"mxfp4"``): packed e2m1 uint8 ``[..., 64]`` and UE8M0 bytes uint8 ``[..., 4]`` (quant.encode_mxfp4)."""
+    if fmt == "fp8":
+        return to_fp8(x, flavour), None
+    packed, scales = encode_mxfp4(x.reshape(-1, formats.INDEX_DIM))
+    return packed.view(*x.shape[:-1], -1), scales.view(*x.shape[:-1], -1)
 
 
 def filled_cache(gen, layout, block_size, num_slots, selected, kv_scale, page_bytes=None):

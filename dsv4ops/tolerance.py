@@ -88,15 +88,20 @@ def fp8_ulp_close(c, name, got: torch.Tensor, ref: torch.Tensor):
 
 
 def abs_index_cache(cache: torch.Tensor) -> torch.Tensor:
-    """The index key cache with every fp8 value replaced by its magnitude (sign bits cleared)."""
+    """The index key cache (132 B fp8 or 68 B MXFP4 keys) with every value replaced by its magnitude
+    (sign bits cleared; scales are positive)."""
     nb, bs = cache.shape[:2]
+    layout = formats.index_layout(cache)
     flat = cache.clone().reshape(nb, -1)
-    flat[:, : bs * formats.INDEX_DIM] &= 0x7F
+    flat[:, : bs * layout.data_bytes] &= 0x77 if layout.kind == formats.Layout.INDEX_MXFP4 else 0x7F
     return flat.view(cache.shape)
 
 
 def fp8_abs(t: torch.Tensor) -> torch.Tensor:
-    """fp8 values with their sign bits cleared (the magnitudes, same dtype)."""
+    """fp8 values with their sign bits cleared (the magnitudes, same dtype); packed e2m1 (uint8)
+    likewise, both nibbles."""
+    if t.dtype == torch.uint8:
+        return t & 0x77
     return t.view(torch.uint8).bitwise_and(0x7F).view(t.dtype)
 
 

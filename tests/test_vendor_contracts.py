@@ -432,6 +432,56 @@ def test_deepgemm_declines_sm100_with_the_reason(monkeypatch, generation):
     assert all(status[op].startswith(_SM100_LOGITS_REASON.format(generation)) for op in ("mqa_logits", "paged_mqa_logits"))
 
 
+_V41_DG = [make_case("paged_mqa_logits", B=2, next_n=1, context=100, H=32, block_size=64, layout="index_mxfp4",
+                     q_fmt=q_fmt) for q_fmt in ("fp8", "mxfp4")] + \
+          [make_case("mqa_logits", T=6, S=300, H=32, keys="mxfp4", q_fmt=q_fmt) for q_fmt in ("fp8", "mxfp4")]
+
+
+@pytest.mark.parametrize("arch, reason", [
+    ("sm90", "MXFP4 keys (V4.1): DeepGEMM reads MXFP4 with MX scales on SM100 only; on sm90 it takes fp8 q and 132 B"),
+    ("sm100", _SM100_LOGITS_REASON.format("2.8"))])
+def test_deepgemm_28_declines_mxfp4_with_the_reason(monkeypatch, arch, reason):
+    """V4.1's MXFP4 keys (with fp8 or MXFP4 q): SM90 DeepGEMM has no MX-scale path; SM100's returns bf16
+    logits from bf16 weights, past the op's fp32 bound (docs/ops.md §3): declined, nothing called."""
+    from fakes import deep_gemm as fake_deep_gemm
+    fake_deep_gemm.install(monkeypatch, "2.8", wrap=_refusing)
+    with reprobed(monkeypatch, "deepgemm"), dsv4ops.simulate_platform("cuda", arch):
+        for case in _V41_DG:
+            kw = case.build("cpu", 0)
+            status = {c.backend: c.status for c in dsv4ops.explain(case.op, **kw).candidates}["deepgemm"]
+            assert status.startswith(reason), status
+
+
+def _refusing(path, fn):
+    """``fn``'s signature, raising when called."""
+    @functools.wraps(fn)
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{path} must not be called")
+    return refuse
+
+
+def test_deepgemm_28_fake_holds_the_wheels_host_checks(monkeypatch):
+    """The 2.8 fake asserts what 2.8.2's attention.hpp asserts: on SM100 packed FP4 q (int8 [B, 1, H, 64])
+    with int32 MX scales, a 68 B cache, bf16 weights and varlen ``indices``; on SM90 fp8 and fp32 only."""
+    from fakes import deep_gemm as fake
+    B, H = 3, 32
+    q4, sf = torch.zeros(B, 1, H, 64, dtype=torch.int8), torch.zeros(B, 1, H, dtype=torch.int32)
+    cache = torch.zeros(5, 64, 1, 68, dtype=torch.uint8)
+    lens, table = torch.ones(B, 1, dtype=torch.int32), torch.zeros(B, 2, dtype=torch.int32)
+    indices, meta = torch.arange(B, dtype=torch.int32), torch.zeros(133, 2, dtype=torch.int32)
+    with dsv4ops.simulate_platform("cuda", "sm100"):
+        fake.get_paged_mqa_logits_metadata(lens, 64, 132, indices)
+        fake._check_paged_28((q4, sf), cache, torch.zeros(B, H, dtype=torch.bfloat16), lens, table, meta, indices)
+        for bad in (dict(weights=torch.zeros(B, H)), dict(indices=None), dict(cache=cache[..., :67]),
+                    dict(sf=sf.view(torch.float32))):
+            args = {"weights": torch.zeros(B, H, dtype=torch.bfloat16), "indices": indices, "cache": cache, "sf": sf, **bad}
+            with pytest.raises(AssertionError):
+                fake._check_paged_28((q4, args["sf"]), args["cache"], args["weights"], lens, table, meta,
+                                     args["indices"])
+    with dsv4ops.simulate_platform("cuda", "sm90"), pytest.raises(AssertionError):
+        fake._check_paged_28((q4, None), cache, torch.zeros(B, H), lens, table, meta, None)
+
+
 def test_deepgemm_unknown_api_is_unavailable(monkeypatch):
     """A deep_gemm whose fp8_fp4_mqa_logits declares neither generation's parameters is not called."""
     from fakes import deep_gemm as fake_deep_gemm
@@ -644,7 +694,8 @@ _LOGITS64 = [make_case("paged_mqa_logits", B=3, next_n=n, context=150, H=8, bloc
 def test_xpu_paged_logits_contract(xpu):
     ran, skipped = _simulated("xpu", "bmg", "paged_mqa_logits", "xpu", _LOGITS64)
     assert len(ran) == len(_LOGITS64)
-    assert all("block_size 16 != 64" in m for m in skipped.values())
+    assert all("block_size 16 != 64" in m or m.startswith("MXFP4 keys (V4.1): fp8_paged_mqa_logits reads")
+               for m in skipped.values()), skipped
     kw = _LOGITS64[0].build("cpu", 0)
     with dsv4ops.simulate_platform("xpu", "xpu"):             # not an Xe2 device
         status = {c.backend: c.status for c in dsv4ops.explain("paged_mqa_logits", **kw).candidates}

@@ -36,7 +36,7 @@ import importlib.metadata
 import inspect
 
 from dsv4ops import workspace
-from dsv4ops.backend_support import all_of, arch_in
+from dsv4ops.backend_support import all_of, arch_in, index_mxfp4
 from dsv4ops.formats import LAYOUTS
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
@@ -173,6 +173,9 @@ _PREFILL_LAYOUTS = tuple(LAYOUTS[n] for n in ("fp8_ds_mla", "bf16"))
 def mqa_logits_inputs(plat: Platform, call) -> str | None:
     """fp8_mqa_logits: a power-of-two head count of at least 16 (tl.arange, tl.dot rows); FNUZ inputs
     on gfx942 only (gfx950's Gluon kernel reads OCP e4m3)."""
+    what = index_mxfp4(call)
+    if what:
+        return f"{what} (V4.1): AITER's fp8_mqa_logits reads fp8 q and keys"
     H = call.q.shape[1]
     if H < 16 or H & (H - 1):
         return f"H={H}: AITER's fp8_mqa_logits needs a power-of-two head count of at least 16"

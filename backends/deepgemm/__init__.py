@@ -11,7 +11,7 @@ Two API generations, told apart by what the installed module declares (``api()``
 import functools
 import threading
 
-from dsv4ops.backend_support import all_of, declared_signature, import_probe
+from dsv4ops.backend_support import all_of, declared_signature, import_probe, index_mxfp4
 from dsv4ops.platform import Platform
 from dsv4ops.quant import scale_block
 from dsv4ops.registry import Backend, register_backend
@@ -102,6 +102,16 @@ def einsum_recipe(plat: Platform, call) -> str | None:
     return f"arch {plat.arch} not supported (needs sm90, or sm100 / sm103 for 32-wide blocks)"
 
 
+def fp8_on_sm90(plat: Platform, call) -> str | None:
+    """SM90 reads fp8 q and 132 B fp8 keys with fp32 scales: 2.8's MXFP4 (packed FP4 with MX scales)
+    runs on SM100 only (attention.hpp: ``is_mx_sf == (arch_major == 10)``)."""
+    what = index_mxfp4(call)
+    if what:
+        return (f"{what} (V4.1): DeepGEMM reads MXFP4 with MX scales on SM100 only; on {plat.arch} it takes "
+                "fp8 q and 132 B fp8 keys (fp32 scales)")
+    return None
+
+
 def logits_shapes(plat: Platform, call) -> str | None:
     """Paged SM90: 64 heads (2.8's attention.hpp: 32 or 64), next_n 1 or 2, 64-token key pages."""
     _, next_n, H, _ = call.q.shape
@@ -149,8 +159,8 @@ def one_device_per_process(plat: Platform, call) -> str | None:
 
 
 BACKEND.implements("paged_mqa_logits", "dsv4ops.backends.deepgemm.ops:paged_mqa_logits",
-                   supports=all_of(_SM100_LOGITS, logits_shapes, one_device_per_process))
+                   supports=all_of(_SM100_LOGITS, fp8_on_sm90, logits_shapes, one_device_per_process))
 BACKEND.implements("mqa_logits", "dsv4ops.backends.deepgemm.ops:mqa_logits",
-                   supports=all_of(_SM100_LOGITS, mqa_logits_shapes, one_device_per_process))
+                   supports=all_of(_SM100_LOGITS, fp8_on_sm90, mqa_logits_shapes, one_device_per_process))
 BACKEND.implements("fp8_einsum", "dsv4ops.backends.deepgemm.ops:fp8_einsum",
                    supports=all_of(einsum_recipe, einsum_bf16_out, one_device_per_process))

@@ -8,7 +8,7 @@ encoded with integer operations, bf16 / fp16 dots: NVIDIA sm80 / sm86, AMD witho
 import torch
 
 from dsv4ops import jit_monitor
-from dsv4ops.backend_support import all_of, import_probe, triton_interpreter_enabled
+from dsv4ops.backend_support import all_of, import_probe, index_mxfp4, triton_interpreter_enabled
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
 
@@ -91,6 +91,14 @@ def bf16_tensor_cores(plat: Platform, call) -> str | None:
     return None
 
 
+def mxfp4_bf16_dots(plat: Platform, call) -> str | None:
+    """The indexer logits on MXFP4 keys dot exactly decoded bf16 tiles: bf16 MMA (CUDA from sm80)."""
+    what = index_mxfp4(call)
+    if what and plat.vendor == "cuda" and cuda_sm(plat) < 80:
+        return f"{what} (V4.1): their dots take bf16 tiles, which need bf16 tensor cores (sm80 and newer)"
+    return None
+
+
 def implements_both_paths(op: str, supports) -> None:
     """Register ``op``'s wrapper twice: the FP8 path and the software fp8 path, each behind
     ``supports`` and its own path check."""
@@ -116,14 +124,14 @@ def logits_grid_fits(plat: Platform, call) -> str | None:
     return None
 
 
-implements_both_paths("paged_mqa_logits", all_of(runs_here, logits_grid_fits))
-implements_both_paths("paged_mqa_topk", all_of(runs_here, logits_grid_fits))
+implements_both_paths("paged_mqa_logits", all_of(runs_here, logits_grid_fits, mxfp4_bf16_dots))
+implements_both_paths("paged_mqa_topk", all_of(runs_here, logits_grid_fits, mxfp4_bf16_dots))
 implements_both_paths("fp8_einsum", runs_here)
 BACKEND.implements("indexer_topk", "dsv4ops.backends.triton.indexer_topk:indexer_topk", supports=runs_here)
 implements_both_paths("inv_rope_fp8_quant", runs_here)
 implements_both_paths("compress_kv_insert", runs_here)
-implements_both_paths("mqa_logits", all_of(runs_here, fp8_flavour_matches))
-implements_both_paths("mqa_topk", all_of(runs_here, fp8_flavour_matches))
+implements_both_paths("mqa_logits", all_of(runs_here, fp8_flavour_matches, mxfp4_bf16_dots))
+implements_both_paths("mqa_topk", all_of(runs_here, fp8_flavour_matches, mxfp4_bf16_dots))
 BACKEND.implements("candidate_blocks", "dsv4ops.backends.triton.candidate_blocks:candidate_blocks", supports=runs_here)
 
 

@@ -231,6 +231,24 @@ def index_mxfp4_keys(cache_ptr, page, slot, live, block_size, page_stride, R: tl
 
 
 @triton.jit
+def index_queries_bf16(q_ptr, q_scale_ptr, row_head, live, N: tl.constexpr, Q_MXFP4: tl.constexpr,
+                       FP8_SOFT: tl.constexpr):
+    """Indexer query vectors ``row_head`` (int64 ``[N]``, the flat (row, head) index) as bf16 ``[N, 128]``,
+    0 where ``live`` is False; exact: OCP e4m3 bytes ``[.., 128]`` (``e4m3_byte_to_f32`` of the path), or
+    MXFP4 packed e2m1 ``[.., 64]`` with UE8M0 bytes ``[.., 4]`` (``mxfp4_decode``): bf16 holds e4m3 values
+    and e2m1 values times any UE8M0 scale exactly."""
+    if Q_MXFP4:
+        packed = tl.load(q_ptr + row_head[:, None] * 64 + tl.arange(0, 64)[None, :], mask=live[:, None], other=0)
+        scales = tl.load(q_scale_ptr + row_head[:, None] * 4 + tl.arange(0, 4)[None, :], mask=live[:, None],
+                         other=127)
+        q = mxfp4_decode(packed, scales, N, 128)
+    else:
+        q = e4m3_byte_to_f32(tl.load(q_ptr + row_head[:, None] * 128 + tl.arange(0, 128)[None, :],
+                                     mask=live[:, None], other=0), FP8_SOFT)
+    return q.to(tl.bfloat16)
+
+
+@triton.jit
 def load_scalar(ptr_or_value, IS_PTR: tl.constexpr):
     if IS_PTR:
         return tl.load(ptr_or_value).to(tl.float32)

@@ -6,14 +6,18 @@ heads, so the sum over heads stays within each key's row of the product. With ``
 the chunk is filled with -inf. The fp8 flavour is the inputs' dtype (OCP ``float8_e4m3fn`` or FNUZ
 ``float8_e4m3fnuz``): the kernel is specialised on it. The software fp8 path (OCP only) decodes keys
 and queries once per call (``e4m3_decode``; a workspace of 2 bytes per element of q and k) to fp16
-holding value * 2**-8 (exact), which the kernel reads, and scales the logits by 2**16."""
+holding value * 2**-8 (exact), which the kernel reads, and scales the logits by 2**16.
+
+MXFP4 keys (uint8 [S, 64] with UE8M0 [S, 4]): each key tile is decoded to bf16 (``mxfp4_decode``)
+and the queries once per program (``index_queries_bf16``: fp8 bytes through the path's conversion,
+or MXFP4), bf16 x bf16 dots with fp32 accumulation (exact products)."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from .common import e4m3_decode
+from .common import e4m3_decode, fp8_bytes, index_queries_bf16, mxfp4_decode
 from .tuning import Target
 
 
@@ -27,10 +31,11 @@ def _fill_inf(out_ptr, t, live_t, S, begin, end, BLOCK_Q: tl.constexpr, BLOCK_S:
 
 
 @triton.jit
-def _mqa_logits_kernel(q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, T, S, H,
+def _mqa_logits_kernel(q_ptr, q_scale_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, T, S, H,
                        stride_w0, stride_w1, stride_ks, stride_ke,
                        CLEAN: tl.constexpr, BLOCK_Q: tl.constexpr, H_PAD: tl.constexpr, BLOCK_S: tl.constexpr,
-                       CHUNK: tl.constexpr, STAGES: tl.constexpr, FP8_SOFT: tl.constexpr):
+                       CHUNK: tl.constexpr, STAGES: tl.constexpr, FP8_SOFT: tl.constexpr,
+                       KEYS_MXFP4: tl.constexpr, Q_MXFP4: tl.constexpr):
     pid = tl.program_id(0).to(tl.int64)                  # 1-D grid: no 65535 limit on either axis
     n_chunks = tl.cdiv(S, CHUNK)
     t0 = pid // n_chunks * BLOCK_Q
@@ -53,17 +58,27 @@ def _mqa_logits_kernel(q_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, 
         head = r % H_PAD
         live_r = (head < H) & (row < T)
         d = tl.arange(0, 128)
-        q = tl.load(q_ptr + (row * H + head)[:, None] * 128 + d[None, :], mask=live_r[:, None], other=0.0)
+        if KEYS_MXFP4:
+            q = index_queries_bf16(q_ptr, q_scale_ptr, row * H + head, live_r, BLOCK_Q * H_PAD, Q_MXFP4, FP8_SOFT)
+        else:
+            q = tl.load(q_ptr + (row * H + head)[:, None] * 128 + d[None, :], mask=live_r[:, None], other=0.0)
         w = tl.load(w_ptr + row * stride_w0 + head * stride_w1, mask=live_r, other=0.0)
         for s0 in tl.range(start, stop, BLOCK_S, num_stages=STAGES):
             s = s0 + tl.arange(0, BLOCK_S)
             live_s = s < c1
-            keys = tl.load(k_ptr + s.to(tl.int64)[:, None] * 128 + d[None, :], mask=live_s[:, None], other=0.0)
-            scale = tl.load(scale_ptr + s, mask=live_s, other=0.0)
-            scores = tl.dot(keys, tl.trans(q)) * scale[:, None]                   # [BLOCK_S, rows x heads]
+            if KEYS_MXFP4:
+                packed = tl.load(k_ptr + s.to(tl.int64)[:, None] * 64 + tl.arange(0, 64)[None, :],
+                                 mask=live_s[:, None], other=0)
+                sf = tl.load(scale_ptr + s.to(tl.int64)[:, None] * 4 + tl.arange(0, 4)[None, :], mask=live_s[:, None],
+                             other=127)
+                scores = tl.dot(mxfp4_decode(packed, sf, BLOCK_S, 128).to(tl.bfloat16), tl.trans(q))
+            else:
+                keys = tl.load(k_ptr + s.to(tl.int64)[:, None] * 128 + d[None, :], mask=live_s[:, None], other=0.0)
+                scale = tl.load(scale_ptr + s, mask=live_s, other=0.0)
+                scores = tl.dot(keys, tl.trans(q)) * scale[:, None]               # [BLOCK_S, rows x heads]
             weighted = tl.reshape(tl.maximum(scores, 0.0) * w[None, :], (BLOCK_S, BLOCK_Q, H_PAD))
             logits = tl.sum(weighted, axis=2)                                       # [BLOCK_S, BLOCK_Q]
-            if FP8_SOFT:
+            if FP8_SOFT and not KEYS_MXFP4:
                 logits = logits * 65536.0
             valid = (s[:, None] >= lo[None, :]) & (s[:, None] < hi[None, :])
             dst = out_ptr + t[None, :] * S + s[:, None]
@@ -81,11 +96,16 @@ def mqa_logits(target: Target, a):
         return out
     tune = target.tuning
     grid = (triton.cdiv(T, tune.mqa_block_q) * triton.cdiv(S, tune.mqa_chunk_s),)
-    q, k = (e4m3_decode(a.q), e4m3_decode(a.k[None])[0]) if target.fp8_soft else (a.q, a.k)
+    keys_mxfp4 = a.k.dtype == torch.uint8
+    if keys_mxfp4:                   # queries read as bytes (fp8: converted in the kernel)
+        q, k = fp8_bytes(a.q, True), a.k
+    else:
+        q, k = (e4m3_decode(a.q), e4m3_decode(a.k[None])[0]) if target.fp8_soft else (a.q, a.k)
     _mqa_logits_kernel[grid](
-        q, k, a.k_scale, a.weights, a.ks, a.ke, out, T, S, H, a.weights.stride(0), a.weights.stride(1),
+        q, a.q_scale, k, a.k_scale, a.weights, a.ks, a.ke, out, T, S, H, a.weights.stride(0), a.weights.stride(1),
         a.ks.stride(0), a.ke.stride(0), CLEAN=a.clean, BLOCK_Q=tune.mqa_block_q, H_PAD=max(16, triton.next_power_of_2(H)),
         BLOCK_S=tune.mqa_block_s, CHUNK=tune.mqa_chunk_s, STAGES=tune.mqa_stages, FP8_SOFT=target.fp8_soft,
+        KEYS_MXFP4=keys_mxfp4, Q_MXFP4=a.q.dtype == torch.uint8,
         num_warps=tune.mqa_warps,
     )
     return out

@@ -26,7 +26,9 @@ def mqa_topk(target: Target, a):
         rows = slice(t0, min(T, t0 + chunk))
         n = rows.stop - rows.start
         logits = mqa_logits(target, logits_args(q=a.q[rows], k=a.k, k_scale=a.k_scale, weights=a.weights[rows],
-                                                ks=a.ks[rows], ke=a.ke[rows], clean=False, out=workspace[:n]))
+                                                ks=a.ks[rows], ke=a.ke[rows],
+                                                q_scale=None if a.q_scale is None else a.q_scale[rows], clean=False,
+                                                out=workspace[:n]))
         indexer_topk(target, topk_args(logits=logits, k=a.topk, row_starts=a.ks[rows], row_ends=a.ke[rows],
                                        seq_lens=None, next_n=1, out=out[rows]))
     return out

@@ -4,14 +4,21 @@ tall operand (``[BLOCK_T, 128] x [128, H]``): the weighted sum over heads then r
 product's columns, inside each warp, with no exchange through shared memory. Any next_n. weights,
 context_lens and block_table are read through their strides. The software fp8 path decodes the
 queries to fp16 holding value * 2**-8 (exact) once per call (``e4m3_decode``, 2 bytes per query
-element), the keys likewise per program, and scales the logits by 2**16."""
+element), the keys likewise per program, and scales the logits by 2**16.
+
+MXFP4 keys (68 B, ``index_mxfp4``): the program decodes its key tile to bf16 (``index_mxfp4_keys``:
+e2m1 times a power of two, exact in bf16) and each row's queries likewise, from fp8 bytes
+(``e4m3_byte_to_f32``, the path's conversion) or from MXFP4 with their UE8M0 bytes; the dots are
+bf16 x bf16 with fp32 accumulation (exact products)."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
 
-from .common import e4m3_as_f16, e4m3_decode
+from dsv4ops.formats import INDEX_MXFP4_TOKEN_BYTES
+
+from .common import e4m3_as_f16, e4m3_decode, fp8_bytes, index_mxfp4_keys, index_queries_bf16
 from .tuning import Target
 
 
@@ -25,10 +32,12 @@ def _row_limits(lens_ptr, b, j, next_n, stride_l0, stride_l1, LENS_2D: tl.conste
 
 
 @triton.jit
-def _paged_mqa_logits_kernel(q_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, H, next_n, block_size, width,
+def _paged_mqa_logits_kernel(q_ptr, q_scale_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, H, next_n,
+                             block_size, page_stride, width,
                              stride_w0, stride_w1, stride_l0, stride_l1, stride_t0, stride_t1,
                              LENS_2D: tl.constexpr, CLEAN: tl.constexpr, NEXT_N_PAD: tl.constexpr,
-                             H_PAD: tl.constexpr, BLOCK_T: tl.constexpr, FP8_SOFT: tl.constexpr):
+                             H_PAD: tl.constexpr, BLOCK_T: tl.constexpr, FP8_SOFT: tl.constexpr,
+                             KEYS_MXFP4: tl.constexpr, Q_MXFP4: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     t0 = tl.program_id(1) * BLOCK_T
     t = t0 + tl.arange(0, BLOCK_T)
@@ -38,23 +47,31 @@ def _paged_mqa_logits_kernel(q_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_p
         live_t = t < row_max
         page = tl.load(table_ptr + b * stride_t0 + (t // block_size).to(tl.int64) * stride_t1, mask=live_t,
                        other=0).to(tl.int64)
-        page_base = cache_ptr + page * (block_size * 132)
         d = tl.arange(0, 128)
-        keys = tl.load((page_base + (t % block_size) * 128)[:, None] + d[None, :], mask=live_t[:, None], other=0)
-        if FP8_SOFT:
-            keys = e4m3_as_f16(keys)
+        if KEYS_MXFP4:
+            keys = index_mxfp4_keys(cache_ptr, page, t % block_size, live_t, block_size, page_stride,
+                                    BLOCK_T).to(tl.bfloat16)
         else:
-            keys = keys.to(tl.float8e4nv, bitcast=True)
-        scale = tl.load((page_base + block_size * 128 + (t % block_size) * 4).to(tl.pointer_type(tl.float32)),
-                        mask=live_t, other=0.0)
+            page_base = cache_ptr + page * page_stride
+            keys = tl.load((page_base + (t % block_size) * 128)[:, None] + d[None, :], mask=live_t[:, None], other=0)
+            if FP8_SOFT:
+                keys = e4m3_as_f16(keys)
+            else:
+                keys = keys.to(tl.float8e4nv, bitcast=True)
+            scale = tl.load((page_base + block_size * 128 + (t % block_size) * 4).to(tl.pointer_type(tl.float32)),
+                            mask=live_t, other=0.0)
         h = tl.arange(0, H_PAD)
         for j in range(next_n):
             row = b * next_n + j
-            q = tl.load(q_ptr + (row * H + h)[:, None] * 128 + d[None, :], mask=(h < H)[:, None], other=0.0)
-            s = tl.dot(keys, tl.trans(q)) * scale[:, None]                     # [BLOCK_T, H_PAD]
+            if KEYS_MXFP4:
+                q = index_queries_bf16(q_ptr, q_scale_ptr, row * H + h, h < H, H_PAD, Q_MXFP4, FP8_SOFT)
+                s = tl.dot(keys, tl.trans(q))                                      # [BLOCK_T, H_PAD]
+            else:
+                q = tl.load(q_ptr + (row * H + h)[:, None] * 128 + d[None, :], mask=(h < H)[:, None], other=0.0)
+                s = tl.dot(keys, tl.trans(q)) * scale[:, None]
             w = tl.load(w_ptr + row * stride_w0 + h.to(tl.int64) * stride_w1, mask=h < H, other=0.0)
             logits = tl.sum(tl.maximum(s, 0.0) * w[None, :], axis=1)
-            if FP8_SOFT:                         # fp16 operands held each value * 2**-8
+            if FP8_SOFT and not KEYS_MXFP4:      # fp16 operands held each value * 2**-8
                 logits = logits * 65536.0
             valid = t < _row_limits(lens_ptr, b, j, next_n, stride_l0, stride_l1, LENS_2D)
             out_row = out_ptr + row * width + t
@@ -80,13 +97,18 @@ def paged_mqa_logits(target: Target, a):
     next_pad = triton.next_power_of_2(next_n)
     lens = a.context_lens
     grid = (B, triton.cdiv(a.max_context_len, BLOCK_T))
-    q = e4m3_decode(a.q.view(-1, H, 128)) if target.fp8_soft else a.q
+    keys_mxfp4 = a.kv_cache.shape[-1] == INDEX_MXFP4_TOKEN_BYTES
+    if keys_mxfp4:                   # read as bytes in the kernel (fp8 q: converted per program)
+        q = fp8_bytes(a.q, True)
+    else:
+        q = e4m3_decode(a.q.view(-1, H, 128)) if target.fp8_soft else a.q
     _paged_mqa_logits_kernel[grid](
-        q, a.kv_cache, a.weights, lens, a.block_table, out, H, next_n,
-        a.kv_cache.shape[1], a.max_context_len,
+        q, a.q_scale, a.kv_cache, a.weights, lens, a.block_table, out, H, next_n,
+        a.kv_cache.shape[1], a.kv_cache.stride(0), a.max_context_len,
         a.weights.stride(0), a.weights.stride(1), lens.stride(0), lens.stride(-1), a.block_table.stride(0),
         a.block_table.stride(1), LENS_2D=lens.dim() == 2, CLEAN=a.clean, NEXT_N_PAD=next_pad,
-        H_PAD=h_pad, BLOCK_T=BLOCK_T, FP8_SOFT=target.fp8_soft,
+        H_PAD=h_pad, BLOCK_T=BLOCK_T, FP8_SOFT=target.fp8_soft, KEYS_MXFP4=keys_mxfp4,
+        Q_MXFP4=a.q.dtype == torch.uint8,
         num_warps=tune.logits_warps,
     )
     return out

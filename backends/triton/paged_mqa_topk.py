@@ -32,7 +32,8 @@ def paged_mqa_topk(target: Target, a):
         rows = slice(b0 * next_n, b1 * next_n)
         logits = paged_mqa_logits(target, logits_args(
             q=a.q[b0:b1], kv_cache=a.kv_cache, weights=a.weights[rows], context_lens=a.context_lens[b0:b1],
-            block_table=a.block_table[b0:b1], max_context_len=a.max_context_len, clean=False,
+            block_table=a.block_table[b0:b1], max_context_len=a.max_context_len,
+            q_scale=None if a.q_scale is None else a.q_scale[b0:b1], clean=False,
             out=workspace[: (b1 - b0) * next_n]))
         indexer_topk(target, topk_args(logits=logits, k=a.topk, row_starts=None, row_ends=None,
                                        seq_lens=a.context_lens[b0:b1], next_n=next_n, out=out[rows]))

@@ -22,7 +22,7 @@ import importlib
 
 import torch
 
-from dsv4ops.backend_support import all_of
+from dsv4ops.backend_support import all_of, index_mxfp4
 from dsv4ops.formats import Layout
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
@@ -97,6 +97,9 @@ def is_xe2(plat: Platform, device) -> bool:
 
 
 def logits_inputs(plat: Platform, call) -> str | None:
+    what = index_mxfp4(call)
+    if what:
+        return f"{what} (V4.1): fp8_paged_mqa_logits reads fp8 q and 132 B fp8 keys"
     if not is_xe2(plat, call.device):
         return f"fp8_paged_mqa_logits runs on Xe2 only (BMG, LNL, PVC), not {plat.device_name}"
     block_size = call.kv_cache.shape[1]

@@ -1,18 +1,17 @@
 """Op 13 (docs/ops.md §13): the prefill indexer in one call, mqa_logits scores to top-k indices per
 query row without the ``[T, S]`` logits buffer an engine would otherwise allocate."""
 from __future__ import annotations
-
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from .. import registry
+from .. import formats, registry
 from ..checker import Checker
 from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..sampling import change, set_args
-from ..shapes import INDEX_HEADS, INDEX_TOPK
+from ..shapes import INDEX_HEADS, INDEX_TOPK, V41_INDEX_HEADS
 from ..tolerance import Collector, Verdict, topk_selection
 from . import mqa_logits as logits_op
 
@@ -21,7 +20,7 @@ INT32_MAX = 2 ** 31 - 1
 
 def logits_args(a, out=None):
     """The mqa_logits call whose scores this call selects from (typed args)."""
-    return logits_op.OP.Args(q=a.q, k=a.k, k_scale=a.k_scale, weights=a.weights, ks=a.ks, ke=a.ke, clean=False,
+    return logits_op.OP.Args(q=a.q, k=a.k, k_scale=a.k_scale, weights=a.weights, ks=a.ks, ke=a.ke, q_scale=a.q_scale, clean=False,
                              out=out)
 
 
@@ -61,6 +60,8 @@ def cases(tier: str):
             yield dict(T=9, S=40, H=8, ranges=ranges, topk=8, out=ranges == "random")
         yield dict(T=8, S=40, H=8, ranges="random", corner="empty", topk=16)
         yield dict(T=6, S=33, H=5, corner="full", topk=64)                           # topk > S
+        for q_fmt in ("fp8", "mxfp4"):                                               # V4.1: MXFP4 keys
+            yield dict(T=9, S=40, H=V41_INDEX_HEADS, ranges="requests", keys="mxfp4", q_fmt=q_fmt, topk=8)
         return
     for topk in INDEX_TOPK.values():
         yield dict(T=4096, S=32768, H=INDEX_HEADS, ranges="causal", topk=topk)
@@ -75,7 +76,8 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     c = Collector()
     kw = ref_kwargs
     logits = registry.get_op("mqa_logits").function
-    scores = logits(kw["q"], kw["k"], kw["k_scale"], kw["weights"], kw["ks"], kw["ke"], backend="reference")
+    scores = logits(kw["q"], kw["k"], kw["k_scale"], kw["weights"], kw["ks"], kw["ke"], q_scale=kw.get("q_scale"),
+                    backend="reference")
     topk_selection(c, scores, kw["topk"], kw["ks"].to(torch.int64), kw["ke"].to(torch.int64), got_result,
                    1e-4 * logits_op.magnitude(kw), "indices")
     return c.verdict()
@@ -83,9 +85,9 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
 
 def cost(kw: dict) -> tuple[int, int]:
     """(bytes, flops): inputs read once, the indices written; a dot product per (row, key) in range."""
-    (T, H, D) = kw["q"].shape
+    (T, H), D = kw["q"].shape[:2], formats.INDEX_DIM
     pairs = int((kw["ke"].long() - kw["ks"].long()).sum())
-    return nbytes(kw["q"], kw["k"], kw["k_scale"], kw["weights"], kw["ks"], kw["ke"]) + T * kw["topk"] * 4, \
+    return nbytes(kw["q"], kw.get("q_scale"), kw["k"], kw["k_scale"], kw["weights"], kw["ks"], kw["ke"]) + T * kw["topk"] * 4, \
         2 * pairs * H * D
 
 
@@ -108,12 +110,14 @@ SPEC = OpSpec(
     name="mqa_topk",
     section=13,
     doc="""The topk largest mqa_logits scores of each query row within its key range, as indices
-    relative to ks: q fp8 [T, H, 128]; k fp8 [S, 128] with k_scale fp32 [S]; weights fp32 [T, H];
+    relative to ks: q fp8 [T, H, 128]; k fp8 [S, 128] with k_scale fp32 [S] (or MXFP4 q / keys as
+    mqa_logits takes them); weights fp32 [T, H];
     ks, ke int32 [T]. Returns int32 [T, topk]: indexer_topk(mqa_logits(...), topk, row_starts=ks,
     row_ends=ke), without materializing the logits (backends bound their workspace).""",
     args=(
-        *(arg for arg in logits_op.SPEC.args if arg.name not in ("clean", "out")),
+        *(arg for arg in logits_op.SPEC.args if arg.name not in ("q_scale", "clean", "out")),
         Arg("topk", int, doc="indices per row (>= 1); rows shorter than topk are padded with -1"),
+        *(arg for arg in logits_op.SPEC.args if arg.name == "q_scale"),
         Arg("out", Optional[Tensor], None, keyword_only=True, mutated=True,
             doc="int32 [T, topk] contiguous, or None to allocate"),
     ),

@@ -1,4 +1,4 @@
-"""Op 3 (docs/ops.md §3): lightning-indexer weighted-ReLU MQA logits over a paged FP8 key cache."""
+"""Op 3 (docs/ops.md §3): lightning-indexer weighted-ReLU MQA logits over a paged FP8 or MXFP4 key cache."""
 from __future__ import annotations
 
 import itertools
@@ -12,21 +12,44 @@ from .. import formats, registry
 from ..checker import Checker
 from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
-from ..quant import to_fp8
 from ..rows import decode_row_ends
-from ..sampling import change, randint, randn, set_args, to_device
-from ..shapes import C4_BLOCK, INDEX_HEADS
+from ..sampling import change, index_query, randint, randn, set_args, to_device
+from ..shapes import C4_BLOCK, INDEX_HEADS, V41_INDEX_HEADS
 from ..tolerance import Collector, Verdict, abs_index_cache, fp8_abs, indexer_logits_rule
 
 
-def check(c: Checker, a):
-    c.tensor("q", a.q, dtype=torch.float8_e4m3fn, shape=("B", "next_n", "H", formats.INDEX_DIM), anchor=True,
+KEY_BYTES = tuple(layout.token_bytes for layout in formats.INDEX_LAYOUTS.values())      # 132 (fp8), 68 (MXFP4)
+
+
+def check_query(c: Checker, q, q_scale, lead: tuple, mxfp4_keys: bool):
+    """q: fp8 e4m3 ``[*lead, H, 128]`` with ``q_scale`` None, or MXFP4 (MXFP4 keys only): packed e2m1
+    uint8 ``[*lead, H, 64]`` with UE8M0 bytes uint8 ``[*lead, H, 4]``; both contiguous (mqa_logits too)."""
+    if q.dtype != torch.uint8:
+        if q_scale is not None:
+            c.fail("q_scale", f"must be None for fp8 q (it scales MXFP4 queries only), got {list(q_scale.shape)}")
+        return
+    if not mxfp4_keys:
+        c.fail("q", "MXFP4 queries (uint8) need MXFP4 keys (68 B index_mxfp4), got fp8 keys: quantize q to fp8")
+    c.tensor("q", q, shape=(*lead, "H", formats.INDEX_DIM // 2))
+    if q_scale is None:
+        c.fail("q_scale", "must be the UE8M0 bytes uint8 [..., H, 4] of the MXFP4 q, got None")
+    c.tensor("q_scale", q_scale, dtype=torch.uint8, shape=(*q.shape[:-1], formats.INDEX_DIM // formats.MX_BLOCK),
              contiguous=True)
+
+
+def check(c: Checker, a):
+    c.tensor("q", a.q, dtype=(torch.float8_e4m3fn, torch.uint8), shape=("B", "next_n", "H", None), anchor=True,
+             contiguous=True)
+    c.tensor("kv_cache", a.kv_cache, dtype=torch.uint8, shape=("num_blocks", "block_size", 1, None), contiguous=True)
+    if a.kv_cache.shape[-1] not in KEY_BYTES:
+        c.fail("kv_cache", f"must end in {' or '.join(map(str, KEY_BYTES))} bytes per token (index_fp8 or "
+                           f"index_mxfp4 keys), got {list(a.kv_cache.shape)}")
+    check_query(c, a.q, a.q_scale, ("B", "next_n"), a.kv_cache.shape[-1] == formats.INDEX_MXFP4_TOKEN_BYTES)
+    if a.q.dtype != torch.uint8:
+        c.tensor("q", a.q, shape=("B", "next_n", "H", formats.INDEX_DIM))
     B, next_n, H = a.q.shape[:3]
     if H < 1 or next_n < 1:
         c.fail("q", f"must have at least one head and one token per request, got H={H}, next_n={next_n}")
-    c.tensor("kv_cache", a.kv_cache, dtype=torch.uint8,
-             shape=("num_blocks", "block_size", 1, formats.INDEX_TOKEN_BYTES), contiguous=True)
     if a.kv_cache.shape[1] < 1:
         c.fail("kv_cache", f"must have block_size (dim 1) >= 1, got {list(a.kv_cache.shape)}")
     c.tensor("weights", a.weights, dtype=torch.float32, shape=(B * next_n, H))
@@ -51,18 +74,19 @@ def check(c: Checker, a):
 
 
 def fake(a):
-    return a.q.new_empty(a.q.shape[0] * a.q.shape[1], a.max_context_len, dtype=torch.float32)
+    return a.weights.new_empty(a.q.shape[0] * a.q.shape[1], a.max_context_len, dtype=torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------
 # Conformance: sample inputs, cases, comparison rule, error inputs, bench shapes
 
 def inputs(device, gen, *, B, next_n, context, H=64, block_size=64, lens_dim=2, scale_fmt="fp32",
-                     clean=False, corner=None, out=False):
+           layout="index_fp8", q_fmt="fp8", clean=False, corner=None, out=False):
+    """``layout``: the key cache (``index_fp8`` 132 B, ``index_mxfp4`` 68 B); ``q_fmt``: fp8 or mxfp4."""
     pages = max(1, math.ceil(context / block_size))
     num_blocks = B * pages + 3
     keys = randn(gen, num_blocks, block_size, 128) * (0.05 + torch.rand(num_blocks, block_size, 1, generator=gen))
-    kv_cache = formats.pack_index_keys(keys, scale_fmt)
+    kv_cache = formats.pack_index_keys(keys, scale_fmt, layout)
     block_table = torch.randperm(num_blocks, generator=gen)[: B * pages].view(B, pages).to(torch.int32)
     lens = randint(gen, 0, context + 1, (B,))
     if B:
@@ -76,12 +100,12 @@ def inputs(device, gen, *, B, next_n, context, H=64, block_size=64, lens_dim=2, 
     if lens_dim == 2:
         j = torch.arange(next_n)
         lens = (lens[:, None] - next_n + j + 1).clamp_min(0)
-    q = to_fp8(randn(gen, B, next_n, H, 128) * 3)
+    q, q_scale = index_query(randn(gen, B, next_n, H, 128) * 3, q_fmt)
     if corner == "padded_rows" and B > 1:       # vLLM pads MTP rows with zero Q, masked by lengths
-        q[-1] = 0
+        q.view(torch.uint8)[-1] = 0
     weights = randn(gen, B * next_n, H) * 0.2
     kwargs = dict(q=q, kv_cache=kv_cache, weights=weights, context_lens=lens.to(torch.int32),
-                  block_table=block_table, max_context_len=pages * block_size, clean=clean)
+                  block_table=block_table, max_context_len=pages * block_size, q_scale=q_scale, clean=clean)
     if out:
         kwargs["out"] = torch.empty(B * next_n, pages * block_size)
     return to_device(kwargs, device)
@@ -100,6 +124,13 @@ def cases(tier: str):
         for next_n in (3, 4, 5, 7, 8):                   # every width a speculative decoder uses
             yield dict(B=2, next_n=next_n, context=24, H=8, block_size=16, lens_dim=1 + next_n % 2, clean=True)
         yield dict(B=3, next_n=2, context=24, H=8, block_size=16, corner="all_zero_len", clean=True)
+        for q_fmt, next_n in itertools.product(("fp8", "mxfp4"), (1, 4, 8)):      # V4.1: 68 B keys, 32 heads
+            yield dict(B=3, next_n=next_n, context=40, H=V41_INDEX_HEADS, block_size=16, layout="index_mxfp4",
+                       q_fmt=q_fmt, lens_dim=1 + next_n % 2, clean=next_n != 4, out=next_n == 4)
+        for corner in ("zero_len", "short", "padded_rows", "all_zero_len"):
+            yield dict(B=3, next_n=3, context=24, H=V41_INDEX_HEADS, block_size=16, layout="index_mxfp4",
+                       q_fmt="mxfp4", corner=corner, clean=True)
+        yield dict(B=2, next_n=2, context=24, H=5, block_size=8, layout="index_mxfp4", clean=True)
         return
     for B, next_n, context in itertools.product((4, 64), (1, 2), (2048, 8192)):
         yield dict(B=B, next_n=next_n, context=context, H=INDEX_HEADS, block_size=C4_BLOCK,
@@ -113,6 +144,13 @@ def cases(tier: str):
     for next_n in range(3, 9):
         yield dict(B=16, next_n=next_n, context=8192, H=INDEX_HEADS, block_size=C4_BLOCK, lens_dim=1 + next_n % 2,
                    clean=True)
+    v41 = dict(H=V41_INDEX_HEADS, block_size=C4_BLOCK, layout="index_mxfp4")          # DeepSeek-V4.1
+    for (B, context), q_fmt in itertools.product(((4, 8192), (64, 2048), (128, 32768)), ("fp8", "mxfp4")):
+        yield dict(B=B, next_n=1, context=context, q_fmt=q_fmt, lens_dim=2, **v41)
+    for next_n in (2, 5, 8):                                       # DSpark verify widths
+        yield dict(B=16, next_n=next_n, context=8192, q_fmt="mxfp4", lens_dim=1 + next_n % 2, clean=True, **v41)
+    for corner in ("zero_len", "short", "padded_rows", "all_zero_len"):
+        yield dict(B=8, next_n=2, context=1024, q_fmt="mxfp4", corner=corner, clean=True, **v41)
 
 
 def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
@@ -133,7 +171,7 @@ def magnitude(kw: dict) -> torch.Tensor:
     return registry.get_op("paged_mqa_logits").function(
         fp8_abs(kw["q"]),
         abs_index_cache(kw["kv_cache"]), kw["weights"].abs(), kw["context_lens"], kw["block_table"],
-        kw["max_context_len"], backend="reference")
+        kw["max_context_len"], q_scale=kw.get("q_scale"), backend="reference")
 
 
 def unspecified(kw: dict):
@@ -146,10 +184,11 @@ def unspecified(kw: dict):
 
 def cost(kw: dict) -> tuple[int, int]:
     """(bytes, flops) a kernel must move / do at least."""
-    B, n, H, D = kw["q"].shape
+    B, n, H = kw["q"].shape[:3]
     lens = kw["context_lens"].reshape(B, -1).amax(1).long()
-    keys = int(lens.sum()) * 132
-    return keys + nbytes(kw["q"], kw["weights"]) + B * n * kw["max_context_len"] * 4, 2 * n * H * D * int(lens.sum())
+    keys = int(lens.sum()) * kw["kv_cache"].shape[-1]
+    moved = keys + nbytes(kw["q"], kw.get("q_scale"), kw["weights"]) + B * n * kw["max_context_len"] * 4
+    return moved, 2 * n * H * formats.INDEX_DIM * int(lens.sum())
 
 
 ERRORS = (
@@ -167,24 +206,49 @@ ERRORS = (
     ("max_context_len", set_args(max_context_len=-1)),
     ("clean", set_args(clean="yes")),
     ("out", set_args(out=torch.empty(3, 32))),
+    ("kv_cache", change("kv_cache", lambda t: t[..., :67].contiguous())),
+    ("q_scale", set_args(q_scale=torch.zeros(2, 2, 4, 4, dtype=torch.uint8))),       # with fp8 q
+    ("q", change("q", lambda t: t.view(torch.uint8))),                             # MXFP4 q, 132 B keys
+)
+
+def on_mxfp4(edit):
+    """An error input on MXFP4 keys and queries: the base call's keys and q re-quantized, then ``edit``."""
+    def change(kw):
+        kw["kv_cache"] = formats.pack_index_keys(formats.unpack_index_keys(kw["kv_cache"]), layout="index_mxfp4")
+        kw["q"], kw["q_scale"] = index_query(kw["q"].float(), "mxfp4")
+        edit(kw)
+    return change
+
+
+ERRORS += (
+    ("q_scale", on_mxfp4(set_args(q_scale=None))),
+    ("q_scale", on_mxfp4(change("q_scale", lambda t: t[..., :2].contiguous()))),
+    ("q_scale", on_mxfp4(change("q_scale", lambda t: t.view(torch.int32)))),
+    ("q", on_mxfp4(change("q", lambda t: t[..., :32].contiguous()))),
+    ("q", on_mxfp4(change("q", lambda t: t.view(torch.int8)))),
 )
 
 SPEC = OpSpec(
     name="paged_mqa_logits",
     section=3,
-    doc="""q fp8 [B, next_n, H, 128]; kv_cache uint8 [num_blocks, block_size, 1, 132]; weights fp32
-    [B * next_n, H]; context_lens int32 [B] (causal MTP rule) or [B, next_n]; block_table int32
-    [B, max_blocks] (weights, context_lens and block_table: any strides). Returns fp32
-    [B * next_n, max_context_len]; columns past a row's length are unspecified, or exactly -inf with
-    ``clean=True``.""",
+    doc="""q fp8 [B, next_n, H, 128], or MXFP4 packed e2m1 uint8 [B, next_n, H, 64] with q_scale UE8M0
+    uint8 [B, next_n, H, 4]; kv_cache uint8 [num_blocks, block_size, 1, 132] (fp8 keys) or [..., 68]
+    (MXFP4 keys; MXFP4 q needs these); weights fp32 [B * next_n, H]; context_lens int32 [B] (causal
+    MTP rule) or [B, next_n]; block_table int32 [B, max_blocks] (weights, context_lens and block_table:
+    any strides). Returns fp32 [B * next_n, max_context_len]; columns past a row's length are
+    unspecified, or exactly -inf with ``clean=True``.""",
     args=(
-        Arg("q", Tensor, doc="float8_e4m3fn [B, next_n, H, 128] contiguous, H >= 1"),
+        Arg("q", Tensor, doc="float8_e4m3fn [B, next_n, H, 128], or MXFP4 packed e2m1 uint8 [B, next_n, H, 64]; "
+                             "contiguous, H >= 1"),
         Arg("kv_cache", Tensor,
-            doc="uint8 [num_blocks, block_size, 1, 132], the paged index keys (formats.pack_index_keys)"),
+            doc="uint8 [num_blocks, block_size, 1, 132 or 68], the paged index keys (formats.pack_index_keys: "
+                "index_fp8 or index_mxfp4)"),
         Arg("weights", Tensor, doc="fp32 [B * next_n, H], per-head weights"),
         Arg("context_lens", Tensor, doc="int32 [B] (causal MTP rule) or [B, next_n] per-row lengths"),
         Arg("block_table", Tensor, doc="int32 [B, max_blocks], key pages of each request"),
         Arg("max_context_len", int, doc="result columns (>= every length)"),
+        Arg("q_scale", Optional[Tensor], None, keyword_only=True,
+            doc="MXFP4 q only: UE8M0 bytes uint8 [B, next_n, H, 4] contiguous (byte j scales values 32j..32j+31)"),
         Arg("clean", bool, False, keyword_only=True, doc="write exactly -inf past each row's length"),
         Arg("out", Optional[Tensor], None, keyword_only=True, mutated=True,
             doc="fp32 [B * next_n, max_context_len] contiguous, or None to allocate"),
@@ -216,9 +280,13 @@ SPEC = OpSpec(
             dict(B=128, next_n=1, context=8192, H=64, block_size=64),
             dict(B=64, next_n=2, context=8192, H=64, block_size=64),
             dict(B=32, next_n=6, context=8192, H=64, block_size=64),
+            dict(B=128, next_n=1, context=8192, H=V41_INDEX_HEADS, block_size=64, layout="index_mxfp4", q_fmt="mxfp4"),
+            dict(B=32, next_n=5, context=8192, H=V41_INDEX_HEADS, block_size=64, layout="index_mxfp4", q_fmt="fp8"),
         ),
         sweep=tuple(dict(B=B, next_n=1, context=ctx, H=64, block_size=64) for B in (8, 128)
-                    for ctx in (2048, 8192, 32768, 131072)),
+                    for ctx in (2048, 8192, 32768, 131072))
+        + tuple(dict(B=B, next_n=n, context=ctx, H=V41_INDEX_HEADS, block_size=64, layout="index_mxfp4", q_fmt=q_fmt)
+                for B, n, ctx in ((128, 1, 8192), (32, 5, 8192), (8, 1, 131072)) for q_fmt in ("fp8", "mxfp4")),
         matrix="fp8",
     ),
 )

@@ -1,19 +1,18 @@
 """Op 12 (docs/ops.md §12): the decode indexer in one call, paged logits to top-k indices without
 the ``[rows, max_context_len]`` logits buffer an engine would otherwise allocate."""
 from __future__ import annotations
-
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from .. import registry
+from .. import formats, registry
 from ..checker import Checker
 from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..rows import decode_row_ends
 from ..sampling import change, set_args
-from ..shapes import C4_BLOCK, INDEX_HEADS, INDEX_TOPK
+from ..shapes import C4_BLOCK, INDEX_HEADS, INDEX_TOPK, V41_INDEX_HEADS
 from ..tolerance import Collector, Verdict, topk_selection
 from . import paged_mqa_logits as logits_op
 
@@ -23,7 +22,8 @@ INT32_MAX = 2 ** 31 - 1
 def logits_args(a, out=None):
     """The paged_mqa_logits call whose scores this call selects from (typed args)."""
     return logits_op.OP.Args(q=a.q, kv_cache=a.kv_cache, weights=a.weights, context_lens=a.context_lens,
-                             block_table=a.block_table, max_context_len=a.max_context_len, clean=False, out=out)
+                             block_table=a.block_table, max_context_len=a.max_context_len, q_scale=a.q_scale,
+                             clean=False, out=out)
 
 
 def check(c: Checker, a):
@@ -62,6 +62,9 @@ def cases(tier: str):
         yield dict(B=2, next_n=1, context=24, H=8, block_size=16, topk=64)                # k > every length
         for corner in ("zero_len", "short", "padded_rows", "all_zero_len"):
             yield dict(B=3, next_n=2, context=24, H=8, block_size=16, corner=corner, topk=8)
+        for q_fmt in ("fp8", "mxfp4"):                                    # V4.1: MXFP4 keys, 32 heads
+            yield dict(B=3, next_n=3, context=40, H=V41_INDEX_HEADS, block_size=16, layout="index_mxfp4",
+                       q_fmt=q_fmt, topk=16)
         return
     for B, next_n, context in ((128, 1, 8192), (64, 2, 8192), (16, 4, 32768), (8, 1, 131072)):
         for topk in INDEX_TOPK.values():
@@ -78,7 +81,7 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     kw = ref_kwargs
     logits = registry.get_op("paged_mqa_logits").function
     args = dict(q=kw["q"], kv_cache=kw["kv_cache"], weights=kw["weights"], context_lens=kw["context_lens"],
-                block_table=kw["block_table"], max_context_len=kw["max_context_len"])
+                block_table=kw["block_table"], max_context_len=kw["max_context_len"], q_scale=kw.get("q_scale"))
     scores = logits(**args, backend="reference")
     ends = decode_row_ends(kw["context_lens"], kw["q"].shape[1])
     topk_selection(c, scores, kw["topk"], torch.zeros_like(ends), ends, got_result, 1e-4 * logits_op.magnitude(kw),
@@ -88,9 +91,11 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
 
 def cost(kw: dict) -> tuple[int, int]:
     """(bytes, flops): every valid key read once, q and weights once, the indices written."""
-    B, n, H, D = kw["q"].shape
+    B, n, H = kw["q"].shape[:3]
+    D = formats.INDEX_DIM
     keys = int(kw["context_lens"].reshape(B, -1).amax(1).long().sum())
-    return keys * 132 + nbytes(kw["q"], kw["weights"]) + B * n * kw["topk"] * 4, 2 * n * H * D * keys
+    moved = keys * kw["kv_cache"].shape[-1] + nbytes(kw["q"], kw.get("q_scale"), kw["weights"]) + B * n * kw["topk"] * 4
+    return moved, 2 * n * H * D * keys
 
 
 ERRORS = (
@@ -112,13 +117,15 @@ SPEC = OpSpec(
     name="paged_mqa_topk",
     section=12,
     doc="""The topk largest paged_mqa_logits scores of each decode row, as row-local indices: q fp8
-    [B, next_n, H, 128]; kv_cache uint8 [num_blocks, block_size, 1, 132]; weights fp32 [B * next_n,
+    [B, next_n, H, 128] (or MXFP4 with q_scale, as paged_mqa_logits takes it); kv_cache uint8
+    [num_blocks, block_size, 1, 132 or 68]; weights fp32 [B * next_n,
     H]; context_lens int32 [B] (causal MTP rule) or [B, next_n]; block_table int32 [B, max_blocks].
     Returns int32 [B * next_n, topk]: indexer_topk(paged_mqa_logits(...), topk, seq_lens=context_lens,
     next_n=next_n), without materializing the logits (backends bound their workspace).""",
     args=(
-        *(arg for arg in logits_op.SPEC.args if arg.name not in ("clean", "out")),
+        *(arg for arg in logits_op.SPEC.args if arg.name not in ("q_scale", "clean", "out")),
         Arg("topk", int, doc="indices per row (>= 1); rows shorter than topk are padded with -1"),
+        *(arg for arg in logits_op.SPEC.args if arg.name == "q_scale"),
         Arg("out", Optional[Tensor], None, keyword_only=True, mutated=True,
             doc="int32 [B * next_n, topk] contiguous, or None to allocate"),
     ),

@@ -9,6 +9,7 @@ from .mqa_logits import mqa_logits
 
 def mqa_topk(a):
     logits = mqa_logits(registry.get_op("mqa_logits").Args(
-        q=a.q, k=a.k, k_scale=a.k_scale, weights=a.weights, ks=a.ks, ke=a.ke, clean=False, out=None))
+        q=a.q, k=a.k, k_scale=a.k_scale, weights=a.weights, ks=a.ks, ke=a.ke, q_scale=a.q_scale, clean=False,
+        out=None))
     return indexer_topk(registry.get_op("indexer_topk").Args(
         logits=logits, k=a.topk, row_starts=a.ks, row_ends=a.ke, seq_lens=None, next_n=1, out=a.out))

@@ -34,10 +34,61 @@ def _sm90_only(q_sf) -> None:
     assert major == 9, "the SM100 recipe is not modelled"
 
 
+PACKED_FP4 = torch.int8            # 2.8.2 csrc/utils/math.hpp: kPackedFP4 = torch::kInt8
+
+
 def get_paged_mqa_logits_metadata(context_lens, block_kv, num_sms, indices=None):
-    assert context_lens.dim() == 2 and context_lens.dtype == torch.int32, "this build wants 2-D lengths"
-    assert indices is None and block_kv == 64, "SM90: no varlen indices, block_kv 64"
+    """2.8.2 attention.hpp: 2-D int32 contiguous lengths; SM100 varlen only (``indices`` int32 [B], 8-byte
+    aligned; next_n 1; block_kv 32, 64 or 128), SM90 no ``indices`` and block_kv 64."""
+    assert context_lens.dim() == 2 and context_lens.dtype == torch.int32 and context_lens.is_contiguous()
+    assert num_sms > 0
+    if _arch_major() == 10:
+        assert indices is not None and context_lens.shape[1] == 1 and block_kv in (32, 64, 128)
+        assert indices.dim() == 1 and indices.shape[0] == context_lens.shape[0] and indices.dtype == torch.int32
+        assert indices.is_contiguous() and indices.data_ptr() % 8 == 0
+    else:
+        assert indices is None and block_kv == 64, "SM90: no varlen indices, block_kv 64"
     return torch.zeros(num_sms + 1, 2, dtype=torch.int32)
+
+
+def _check_q_and_weights(q_fp, q_sf, weights, rows: int):
+    """2.8.2 ``check_mqa_logits_q_and_weights``: packed FP4 (int8, D/2 bytes) needs MX scales; MX scales
+    (int32, one per (row, head), contiguous) exactly on SM100; weights [rows, H] with stride 1 and a
+    16-byte row stride, bf16 on SM100, fp32 on SM90. Returns (is_fp4, head_dim)."""
+    is_fp4 = q_fp.dtype == PACKED_FP4
+    assert not is_fp4 or q_sf is not None
+    assert q_fp.is_contiguous() and q_fp.dtype == (PACKED_FP4 if is_fp4 else torch.float8_e4m3fn), q_fp.dtype
+    head_dim = q_fp.shape[-1] * (2 if is_fp4 else 1)
+    assert head_dim in (64, 128) or (not is_fp4 and head_dim == 32)
+    assert (q_sf is not None) == (_arch_major() == 10), "q scales: MX (int32) on SM100, None on SM90"
+    if q_sf is not None:
+        assert q_sf.shape == q_fp.shape[:-1] and q_sf.is_contiguous() and q_sf.dtype == torch.int32
+    assert weights.shape == (rows, q_fp.shape[-2]) and weights.stride(1) == 1
+    assert weights.stride(0) * weights.element_size() % 16 == 0
+    assert weights.dtype == (torch.bfloat16 if _arch_major() == 10 else torch.float32)
+    return is_fp4, head_dim
+
+
+def _check_paged_28(q, kv_cache, weights, context_lens, block_table, schedule_meta, indices):
+    """2.8.2 ``fp8_fp4_paged_mqa_logits`` host checks (both archs)."""
+    q_fp, q_sf = q
+    B, next_n, H, _ = q_fp.shape
+    assert next_n >= 1
+    is_fp4, head_dim = _check_q_and_weights(q_fp, q_sf, weights, B * next_n)
+    _, block_kv, heads_kv, with_sf = kv_cache.shape
+    assert block_kv in ((32, 64, 128) if _arch_major() == 10 else (64,))
+    sf_bytes = 4
+    assert heads_kv == 1 and with_sf == (head_dim // 2 if is_fp4 else head_dim) + sf_bytes
+    assert kv_cache.stride(1) == with_sf and kv_cache.stride(3) == 1 and kv_cache.dtype == torch.uint8
+    assert kv_cache.stride(0) % sf_bytes == 0
+    assert block_table.shape[0] == B and block_table.stride(1) == 1 and block_table.dtype == torch.int32
+    assert (indices is not None) == (_arch_major() == 10)
+    if indices is not None:
+        assert next_n == 1 and indices.shape == (B,) and indices.is_contiguous() and indices.dtype == torch.int32
+    assert schedule_meta.shape[1] == 2 and schedule_meta.is_contiguous() and schedule_meta.dtype == torch.int32
+    assert context_lens.shape == (B, next_n) and context_lens.is_contiguous() and context_lens.dtype == torch.int32
+    if _arch_major() == 9:
+        assert q_fp.dtype == torch.float8_e4m3fn and H in (32, 64)
 
 
 def _logits(q, kv_cache, weights, context_lens, block_tables, max_len):
@@ -58,11 +109,10 @@ def fp8_fp4_paged_mqa_logits_25(q, fused_kv_cache, weights, context_lens, block_
 
 def fp8_fp4_paged_mqa_logits_28(q, fused_kv_cache, weights, context_lens, block_table, schedule_meta,
                                 max_context_len, indices=None):
-    """2.8: SM90 wants no ``indices`` (SM100: varlen only); fp32 logits, tail not cleaned."""
-    q_fp, q_sf = q
-    _sm90_only(q_sf)
-    assert q_fp.dtype == torch.float8_e4m3fn and indices is None
-    return _logits(q_fp, fused_kv_cache, weights, context_lens, block_table, max_context_len)
+    """2.8: the host checks of both archs; SM90 computed (fp32 logits, tail not cleaned)."""
+    _check_paged_28(q, fused_kv_cache, weights, context_lens, block_table, schedule_meta, indices)
+    _sm90_only(q[1])
+    return _logits(q[0], fused_kv_cache, weights, context_lens, block_table, max_context_len)
 
 
 def fp8_paged_mqa_logits(q, fused_kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len,
@@ -164,14 +214,27 @@ def fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_l
     return _mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k)
 
 
+def _check_mqa_28(q_fp, q_sf, kv, weights, ks, ke):
+    """2.8.2 ``fp8_fp4_mqa_logits`` host checks (both archs): keys of q's kind (packed FP4 int8 [S, D/2] or
+    e4m3 [S, D]) contiguous, their scales [S] contiguous, int32 MX with MX q scales, else fp32."""
+    k, k_sf = kv
+    _check_q_and_weights(q_fp, q_sf, weights, q_fp.shape[0])
+    assert k.shape[1] == q_fp.shape[2] and k.is_contiguous() and k.dtype == q_fp.dtype
+    assert k_sf.shape == (k.shape[0],) and k_sf.is_contiguous()
+    assert k_sf.dtype == (torch.int32 if q_sf is not None else torch.float32)
+    for t in (ks, ke):
+        assert t.shape == (q_fp.shape[0],) and t.is_contiguous() and t.dtype == torch.int32
+
+
 def fp8_fp4_mqa_logits_28(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, max_seqlen_k: int,
                           schedule_meta: Optional[torch.Tensor] = None):
     """2.8: compressed rows only, ``[M, max_seqlen_k]`` (a view of a row-padded allocation): column c is key
     ``ks + c`` for ``c < ke - ks``; the rest is not cleaned. SM90: no schedule_meta; max_seqlen_k > 0 and
     (the kernel stores past it otherwise) at least every row's span."""
     q_fp, q_sf = q
-    _sm90_only(q_sf)
     ks, ke = cu_seq_len_k_start, cu_seq_len_k_end
+    _check_mqa_28(q_fp, q_sf, kv, weights, ks, ke)
+    _sm90_only(q_sf)
     _check_mqa_inputs(q_fp, kv, weights, ks, ke)
     assert schedule_meta is None and isinstance(max_seqlen_k, int) and not isinstance(max_seqlen_k, bool)
     assert max_seqlen_k > 0 and int((ke - ks).max()) <= max_seqlen_k, (max_seqlen_k, ke - ks)
