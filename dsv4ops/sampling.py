@@ -31,9 +31,9 @@ def to_device(kwargs: dict, device) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
 
 
-def cos_sin_cache(max_pos: int) -> torch.Tensor:
+def cos_sin_cache(max_pos: int, theta: float = ROPE_THETA) -> torch.Tensor:
     """fp32 [max_pos, 64]: row p = [cos(p f_0..f_31) | sin(p f_0..f_31)], f_i = theta^(-2i/64)."""
-    freqs = ROPE_THETA ** (-torch.arange(0, formats.ROPE_DIM, 2, dtype=torch.float64) / formats.ROPE_DIM)
+    freqs = theta ** (-torch.arange(0, formats.ROPE_DIM, 2, dtype=torch.float64) / formats.ROPE_DIM)
     angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * freqs[None, :]
     return torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32)
 

@@ -8,6 +8,7 @@ from helpers import model_entries
 import dsv4ops
 from dsv4ops import formats
 from dsv4ops.examples import layer as layer_example
+from dsv4ops.examples import layer41
 from dsv4ops.examples.decode_step import compare_to_reference, make_layer
 from dsv4ops.platform import default_device
 
@@ -109,3 +110,32 @@ def test_layer_engine_side_metadata_matches_the_model():
                                                   backend="reference")
                 for t in range(len(p)):
                     torch.testing.assert_close(gathered[t, m.ks[t]:m.ke[t]], paged[t, : n[t, 0]])
+
+
+# The V4.1 stack (dsv4ops.examples.layer41): two ratio-2 layers sharing a compressed cache and a top-k,
+# two ratio-1 layers sharing one and the candidate blocks of the two-level indexer; 528 / 288 / 68 B
+# caches; a decode step verifies 5 tokens per request. On the CPU prompts of 37 and 21 tokens in
+# chunks of 24 (the 16 candidate positions leave out some of L20's entries); on a GPU V4.1's widths.
+V41_SIZES = replace(layer41.TINY, prompts=(37, 21), chunk=24, decode_steps=1)
+if default_device().type == "cuda":
+    V41_SIZES = replace(layer41.TINY, prompts=(700, 301), chunk=256, heads=64, index_heads=32, index_topk=64,
+                        window=128, candidate_blocks=16, candidate_block=8, o_rank=256)
+_STACK = []
+
+
+@pytest.mark.parametrize("setting", ["auto", "triton"] if default_device().type == "cuda" else ["triton"])
+def test_v41_stack_matches_reference_pipeline(setting):
+    if not _STACK:                              # built once: the reference run is kept on the stack
+        _STACK.append(layer41.make_stack(V41_SIZES, default_device()))
+    stack = _STACK[0]
+    assert max(V41_SIZES.prompts) > V41_SIZES.candidate_blocks * V41_SIZES.candidate_block   # candidates restrict
+    try:
+        report = layer41.compare(stack, setting)
+    except dsv4ops.UnsupportedError as exc:               # e.g. triton on CPU without the interpreter
+        pytest.skip(str(exc))
+    assert report["ok"], "\n".join(layer41.format_report(report))
+    assert {kind for _, kind in report["phases"]} == {"prefill", "decode"}
+    stages = {op for _, op in report["stages"]}
+    assert {"qnorm_rope_kv_insert", "compress_kv_insert", "paged_mqa_logits", "indexer_topk", "candidate_blocks",
+            "paged_sparse_mqa_logits", "sparse_mla_prefill", "sparse_mla_decode", "inv_rope_fp8_quant",
+            "fp8_einsum"} <= stages
