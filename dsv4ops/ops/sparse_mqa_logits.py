@@ -55,6 +55,7 @@ def fake(a):
 def inputs(device, gen, *, T, S, H=V41_INDEX_HEADS, ranges="causal", sparse_block=8, num_blocks=4, scale_fmt="fp32",
            clean=False, corner=None, out=False):
     kw = dense.inputs("cpu", gen, T=T, S=S, H=H, ranges=ranges, scale_fmt=scale_fmt, corner=corner)
+    del kw["q_scale"]                          # fp8 queries only (the dense form's MXFP4 q is not taken)
     ks, ke = kw["ks"].long(), kw["ke"].long()
     blocks = random_blocks(gen, ke - ks, num_blocks, sparse_block, newest=corner != "no_newest")
     pos = candidate_columns(blocks, sparse_block)
