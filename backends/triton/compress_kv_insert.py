@@ -160,7 +160,7 @@ def _write_entry(pooled, t, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, la
         tl.store((page_ptr + block_size * D + off * 4).to(tl.pointer_type(tl.float32)), exp2_int(ex))
 
 
-@triton.jit(do_not_specialize=["n"])
+@triton.jit(do_not_specialize=["n", "btab_stride0"])
 def _compress(kv_ptr, kv_stride, pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, sslot_stride,
               btab_ptr, btab_stride0, btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr,
               lat_ptr, lat_stride, slot_ptr, slot_stride, block_size, page_bytes, n, D: tl.constexpr,
@@ -199,7 +199,7 @@ def _whole_window(i, t, p, slot, rank, kv_ptr, kv_stride, state_ptr, st_stride0,
                  page_bytes, D, RATIO, KIND, INLINE, FP8_MAX, FP8_SOFT, LATENT)
 
 
-@triton.jit(do_not_specialize=["n"])
+@triton.jit(do_not_specialize=["n", "btab_stride0"])
 def _pool(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, sslot_stride, btab_ptr, btab_stride0,
           btab_stride1, req_ptr, req_stride, sbs, slot_ptr, slot_stride, ws_ptr, n, D: tl.constexpr, BD: tl.constexpr,
           RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr, TOKENS: tl.constexpr):

@@ -25,7 +25,7 @@ import torch
 
 from . import registry, shapes
 from .backend_support import triton_interpreter_enabled
-from .errors import InputError
+from .errors import InputError, UnsupportedError
 from .ops import OP_NAMES, OPS
 from .platform import multiprocessors, platform
 
@@ -320,6 +320,9 @@ def warmup(ops=None, *, model: str = "v4-flash", tp: int = 1, dims: dict | None 
     lim = engine_limits(**(limits or {}))
     device = torch.device(device) if device is not None else None
     plat = platform(device)
+    if plat.vendor == "cpu":
+        raise UnsupportedError("warm-up compiles kernels for a GPU; on the CPU the Triton kernels are interpreted "
+                               "and nothing compiles (pass a GPU device)")
     device = device or torch.device(plat.vendor if plat.vendor in ("cuda", "xpu") else "cpu")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
