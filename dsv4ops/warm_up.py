@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import registry, shapes
+from . import jit_monitor, registry, shapes
 from .backend_support import triton_interpreter_enabled
-from .errors import InputError, UnsupportedError
+from .errors import Dsv4opsError, InputError, UnsupportedError
 from .ops import OP_NAMES, OPS
-from .platform import multiprocessors, platform
+from .platform import default_device, multiprocessors, platform
 
 PRESETS = {"v4-flash": "flash", "v4-pro": "pro"}
 TP_DEGREES = (1, 2, 4, 8)
@@ -162,7 +162,11 @@ def representative_calls(op: str, dims: ModelDims, lim: Limits, ctx: Context) ->
     if op == "inv_rope_fp8_quant":
         return [dict(T=2, H=heads, n_groups=dims.o_groups)]
     if op == "fp8_einsum":
-        return [dict(B=2, H=dims.o_groups, D=dims.o_lora_rank, R=dims.o_group_k, group_major=g) for g in (False, True)]
+        # One Triton variant per layout; B in powers of two (up to 1024) for a vendor JIT that picks
+        # its kernel by B (DeepGEMM: not enumerated, so these are its likely configurations).
+        sizes = [1 << i for i in range(11) if 1 << i <= lim.max_tokens]
+        return [dict(B=B, H=dims.o_groups, D=dims.o_lora_rank, R=dims.o_group_k, group_major=g)
+                for g in (False, True) for B in sizes]
     if op == "mqa_logits":
         return [dict(T=4, S=256, H=dims.index_heads, clean=c) for c in (False, True)]
     if op == "paged_mqa_logits":
@@ -211,6 +215,7 @@ def _cache_hook(on_miss):
     restored on exit."""
     from triton import knobs
 
+    jit_monitor.install()               # first, so that restoring ``previous`` keeps the monitor's hook
     previous = knobs.runtime.jit_cache_hook
 
     def hook(*, key, fn, **rest):
@@ -265,7 +270,7 @@ class OpWarmup:
     vendor_calls: int = 0               # vendor implementation runs
     backends: set = field(default_factory=set)
     seconds: float = 0.0
-    skipped: list = field(default_factory=list)      # (backend, why) per call nothing ran
+    skipped: list = field(default_factory=list)      # (implementation, why) per call it declined
 
 
 @dataclass
@@ -280,12 +285,13 @@ class WarmupSummary:
 
     def rows(self) -> list[tuple[str, ...]]:
         return [(o.op, str(o.calls), str(o.compiled), str(o.vendor_calls), ", ".join(sorted(o.backends)) or "-",
-                 f"{o.seconds:.2f}") for o in self.ops]
+                 str(len(o.skipped)), f"{o.seconds:.2f}") for o in self.ops]
 
     def __str__(self) -> str:
         from ._table import render_table
 
-        table = render_table(("op", "calls", "Triton variants", "vendor runs", "backends", "seconds"), self.rows())
+        table = render_table(("op", "calls", "Triton variants", "vendor runs", "backends", "declined", "seconds"),
+                             self.rows())
         return (f"{table}\nwarm-up on {self.platform}: {len(self.variants)} Triton variants in {self.seconds:.1f} s; "
                 f"Triton cache: {self.cache_dir}")
 
@@ -318,12 +324,11 @@ def warmup(ops=None, *, model: str = "v4-flash", tp: int = 1, dims: dict | None 
         raise InputError(f"warmup: unknown op(s) {unknown}; ops are {', '.join(OP_NAMES)}")
     model_dim = model_dims(model, tp, **(dims or {}))
     lim = engine_limits(**(limits or {}))
-    device = torch.device(device) if device is not None else None
+    device = torch.device(device) if device is not None else default_device()
     plat = platform(device)
     if plat.vendor == "cpu":
         raise UnsupportedError("warm-up compiles kernels for a GPU; on the CPU the Triton kernels are interpreted "
                                "and nothing compiles (pass a GPU device)")
-    device = device or torch.device(plat.vendor if plat.vendor in ("cuda", "xpu") else "cpu")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     ctx = context(plat, device)
@@ -331,6 +336,8 @@ def warmup(ops=None, *, model: str = "v4-flash", tp: int = 1, dims: dict | None 
     work = [(op, params) for op in with_parts(ops) for params in representative_calls(op, model_dim, lim, ctx)]
     per_op = {op: OpWarmup(op) for op in with_parts(ops)}
     compiled: set = set()
+    current = [""]                      # the op whose calls run now
+    vendor_work = []
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(0)
 
@@ -339,8 +346,6 @@ def warmup(ops=None, *, model: str = "v4-flash", tp: int = 1, dims: dict | None 
         per_op[current[0]].compiled += 1
         return False
 
-    current = [""]
-    vendor_work = []
     with _compile_phase(workers), _cache_hook(on_miss):
         for done, (op, params) in enumerate(work, 1):
             current[0] = op
@@ -365,9 +370,13 @@ def warmup(ops=None, *, model: str = "v4-flash", tp: int = 1, dims: dict | None 
                 progress(done, len(work) + len(vendor_work), f"{op} (Triton)")
     for i, (op, impl, call) in enumerate(vendor_work, 1):
         t0 = time.perf_counter()
-        impl.bound(plat)(call.args)
-        per_op[op].vendor_calls += 1
-        per_op[op].backends.add(impl.name)
+        try:
+            impl.bound(plat)(call.args)
+        except Dsv4opsError as exc:     # an adapter's own refusal of a call (reported, not fatal)
+            per_op[op].skipped.append((impl.name, str(exc)))
+        else:
+            per_op[op].vendor_calls += 1
+            per_op[op].backends.add(impl.name)
         per_op[op].seconds += time.perf_counter() - t0
         if progress is not None:
             progress(len(work) + i, len(work) + len(vendor_work), f"{op} ({impl.name})")
