@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -114,7 +115,8 @@ class Context:
     sms: int
 
 
-def topk_sizes(k: int, max_rows: int, max_width: int, ctx: Context, step: int = 1) -> list[tuple[int, int]]:
+@functools.lru_cache(maxsize=16)
+def topk_sizes(k: int, max_rows: int, max_width: int, ctx: Context, step: int = 1) -> tuple[tuple[int, int], ...]:
     """(rows, width) calls, rows a multiple of ``step`` (MTP rows per request), that together reach
     every launch variant of indexer_topk (``launch_variants``: one launch, or pieces then
     candidates, each resident at a power-of-two width class or streamed) up to the limits. Widths:
@@ -141,7 +143,7 @@ def topk_sizes(k: int, max_rows: int, max_width: int, ctx: Context, step: int = 
             if new:
                 seen |= new
                 calls.append((r, w))
-    return calls
+    return tuple(calls)
 
 
 def representative_calls(op: str, dims: ModelDims, lim: Limits, ctx: Context) -> list[dict]:
