@@ -35,6 +35,9 @@ TP_DEGREES = (1, 2, 4, 8)
 # Ops that run other ops' kernels: their Triton variants are their parts' (warmed with them).
 PARTS = {"mqa_topk": ("mqa_logits", "indexer_topk"), "paged_mqa_topk": ("paged_mqa_logits", "indexer_topk")}
 TOPK_MODES = ("ranges", "decode1d", "decode2d")
+# The two-level indexer's ops (DeepSeek-V4.1): their sizes are not yet do_not_specialize and their
+# variants not enumerated; the warm-up compiles their typical call's only.
+NOT_ENUMERATED = ("candidate_blocks", "paged_sparse_mqa_logits", "sparse_mqa_logits")
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,8 @@ def representative_calls(op: str, dims: ModelDims, lim: Limits, ctx: Context) ->
     Triton variant ``op`` can meet within ``lim`` (composite ops: one small call; their kernels'
     variants are their parts')."""
     heads, layouts = dims.heads, lim.layouts
+    if op in NOT_ENUMERATED:
+        return [dict(OPS[op].spec.conformance.typical)]
     if op == "qnorm_rope_kv_insert":
         return [dict(T=2, H=heads, layout=lay, block_size=lim.swa_block) for lay in layouts]
     if op in ("sparse_mla_decode", "sparse_mla_prefill"):
