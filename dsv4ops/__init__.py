@@ -39,9 +39,19 @@ def explain(op_name: str, *args, backend: str | None = None, capturable: bool | 
     return decide(_op(op_name).validate_call(*args, **kwargs), backend, evaluate_all=True, capturable=capturable)
 
 
+def warmup(ops=None, **options):
+    """Compile every kernel variant ``ops`` (default: all) can meet within an engine's limits, for
+    every selected backend, before serving: ``dsv4ops.warmup(model="v4-flash", tp=1,
+    limits=dict(max_tokens=8192, max_context=131072, next_n=2))``. Returns a summary (variants,
+    time, Triton cache); the options are ``dsv4ops.warm_up.warmup``'s. Imports Triton (on call)."""
+    from .warm_up import warmup as run
+
+    return run(ops, **options)
+
+
 __all__ = [
     *OP_NAMES,
-    "dispatch", "explain", "prepare", "PreparedOp", "backends", "platform", "simulate_platform", "formats", "reference",
+    "dispatch", "explain", "prepare", "warmup", "PreparedOp", "backends", "platform", "simulate_platform", "formats", "reference",
     "Decision", "Platform", "Layout", "Backend", "BackendInfo", "OP_NAMES",
     "Dsv4opsError", "InputError", "UnsupportedError", "ConfigError", "VerificationError",
 ]

@@ -13,7 +13,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
+import subprocess
 import sys
+import tempfile
 import time
 import timeit
 from dataclasses import asdict, dataclass
@@ -355,6 +358,75 @@ def plot(rows: list[Timing], prefix: str) -> list[str]:
     return paths
 
 
+# ---------------------------------------------------------------------------------------------
+# First calls (--cold): each op's first call in a fresh process and Triton cache, with and without
+# dsv4ops.warmup before it
+
+def cold_params(op: str, index_topk: int) -> dict:
+    """The op's typical call (its conformance ``typical``), selecting the model's index top-k."""
+    params = dict(ops.OPS[op].spec.conformance.typical)
+    for name in ("k", "topk"):
+        if name in params and op in ("indexer_topk", "mqa_topk", "paged_mqa_topk"):
+            params[name] = index_topk
+    return params
+
+
+def first_calls(op_names: list[str], backend_names: list[str], warm: bool) -> dict:
+    """In this process: ``dsv4ops.warmup`` (if ``warm``; V4-Flash TP1, default limits), then per op
+    the first and second call's time (ms) of its typical call through dispatch."""
+    import dsv4ops
+
+    from .warm_up import model_dims
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    result = dict(warmup_s=None, ops={})
+    if warm:
+        start = time.perf_counter()
+        dsv4ops.warmup(op_names, backends=backend_names, device=device)
+        result["warmup_s"] = time.perf_counter() - start
+    gen = torch.Generator().manual_seed(0)
+    for op in op_names:
+        kwargs = ops.OPS[op].spec.conformance.inputs(device, gen, **cold_params(op, model_dims().index_topk))
+        times = []
+        for _ in range(2):
+            torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            ops.OPS[op].function(**kwargs)
+            torch.cuda.synchronize(device)
+            times.append((time.perf_counter() - start) * 1e3)
+        result["ops"][op] = dict(first_ms=times[0], second_ms=times[1],
+                                 backend=decide(ops.OPS[op].validate_call(**kwargs)).backend)
+    return result
+
+
+def cold(args) -> int:
+    """``bench --cold``: two fresh processes, each with an empty TRITON_CACHE_DIR: one calls each op
+    cold, the other after ``dsv4ops.warmup``; prints both first calls and the warm-up's duration."""
+    runs = {}
+    for warm in (False, True):
+        with tempfile.TemporaryDirectory(prefix="dsv4ops-cold-") as cache:
+            env = dict(os.environ, TRITON_CACHE_DIR=cache)
+            env.pop("TRITON_INTERPRET", None)
+            child = subprocess.run([sys.executable, "-m", "dsv4ops.bench", "--first-calls", json.dumps(
+                dict(ops=args.ops, backends=args.backends, warm=warm))], capture_output=True, text=True, env=env)
+        if child.returncode != 0:
+            print(f"dsv4ops bench --cold: the {'warm' if warm else 'cold'} run failed:\n{child.stderr[-3000:]}",
+                  file=sys.stderr)
+            return 1
+        runs[warm] = json.loads(child.stdout.strip().splitlines()[-1])
+    from ._table import render_table
+
+    rows = [(op, runs[False]["ops"][op]["backend"] or "-", f"{runs[False]['ops'][op]['first_ms']:.1f}",
+             f"{runs[True]['ops'][op]['first_ms']:.1f}", f"{runs[True]['ops'][op]['second_ms']:.2f}") for op in args.ops]
+    print(render_table(("op", "backend", "first call, cold (ms)", "first call after warm-up (ms)", "second call (ms)"),
+                       rows))
+    print(f"warm-up (V4-Flash TP1, default limits, empty cache): {runs[True]['warmup_s']:.1f} s")
+    if args.json:
+        with args.json as f:
+            json.dump(dict(cold=runs[False], warm=runs[True]), f, indent=1)
+    return 0
+
+
 def main(args) -> int:
     """``dsv4ops bench``: ``args.ops`` and ``args.backends`` are lists and ``args.json`` an open file
     (or None), checked by cli.py before anything runs."""
@@ -362,6 +434,13 @@ def main(args) -> int:
 
     device = default_device()
     names = args.backends
+    if args.cold:
+        if device.type != "cuda":
+            print(f"dsv4ops bench --cold: first calls time kernel compiles, which happen on a GPU; there is no "
+                  f"CUDA device here ({device}) and the Triton interpreter compiles nothing. Run it on a GPU.",
+                  file=sys.stderr)
+            return 2
+        return cold(args)
     if device.type != "cuda" and not args.tiny and not args.overhead:
         print(f"dsv4ops bench: the {','.join(args.shapes)} shapes are GPU-sized and there is no CUDA device here "
               f"({device}); through the reference and the Triton interpreter they would run for hours. "
@@ -397,3 +476,8 @@ def main(args) -> int:
         print(f"nothing was timed: no case of {', '.join(args.ops)} ran on {', '.join(names)} here", file=sys.stderr)
         return 1
     return 0
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--first-calls"]:
+    _request = json.loads(sys.argv[2])
+    print(json.dumps(first_calls(_request["ops"], _request["backends"], _request["warm"])))

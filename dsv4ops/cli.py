@@ -1,4 +1,4 @@
-"""``dsv4ops info``, ``dsv4ops check`` and ``dsv4ops bench``.
+"""``dsv4ops info``, ``dsv4ops check``, ``dsv4ops bench``, ``dsv4ops tune`` and ``dsv4ops warmup``.
 
 Every flag is checked, and output files are opened, before anything runs; a bad flag, path or
 ``DSV4OPS_*`` variable is one line on stderr and exit status 2, never a traceback.
@@ -235,6 +235,55 @@ def cmd_tune(args) -> int:
     return tune.main(args)
 
 
+def parse_fields(items: list[str] | None, flag: str) -> dict:
+    """``--dim heads=32 --dim window=128`` -> {"heads": 32, "window": 128} (integers)."""
+    fields = {}
+    for item in items or ():
+        name, _, value = item.partition("=")
+        if not value.strip().isdigit():
+            raise UsageError(f"{flag} {item!r}: expected NAME=INTEGER")
+        fields[name.strip()] = int(value)
+    return fields
+
+
+def cmd_warmup(args) -> int:
+    from .warm_up import TOPK_MODES, warmup
+
+    ops = parse_ops(args.ops)
+    backend_names = parse_backends(args.backends)
+    device = parse_device(args.device)
+    limits = {name: getattr(args, name) for name in ("max_tokens", "max_context", "next_n", "swa_block", "c4_block",
+                                                    "c128_block") if getattr(args, name) is not None}
+    if args.layouts:
+        limits["layouts"] = tuple(x.strip() for x in args.layouts.split(","))
+    if args.topk_modes:
+        limits["topk_modes"] = tuple(x.strip() for x in args.topk_modes.split(","))
+        if not set(limits["topk_modes"]) <= set(TOPK_MODES):
+            raise UsageError(f"--topk-modes {args.topk_modes!r}: expected some of {', '.join(TOPK_MODES)}")
+    out = open_output(args.json, "--json")
+    options = dict(model=args.model, tp=args.tp, dims=parse_fields(args.dim, "--dim"), limits=limits, device=device,
+                   backends=backend_names, workers=args.workers)
+    try:
+        from rich.progress import Progress
+    except ImportError:
+        summary = warmup(ops, **options, progress=lambda done, total, text: print(f"[{done}/{total}] {text}",
+                                                                                   file=sys.stderr))
+    else:
+        with Progress(transient=True) as bar:
+            task = bar.add_task("warm-up", total=None)
+            summary = warmup(ops, **options, progress=lambda done, total, text: bar.update(
+                task, completed=done, total=total, description=text))
+    print(summary)
+    if out is not None:
+        json.dump(dict(platform=summary.platform, seconds=summary.seconds, cache_dir=summary.cache_dir,
+                       variants=sorted(map(list, summary.variants)),
+                       ops=[dict(op=o.op, calls=o.calls, compiled=o.compiled, vendor_calls=o.vendor_calls,
+                                 backends=sorted(o.backends), seconds=o.seconds, skipped=o.skipped)
+                            for o in summary.ops]), out, indent=1)
+        out.close()
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="dsv4ops", description="DeepSeek-V4 attention ops across vendor backends",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -273,6 +322,9 @@ def main(argv=None) -> int:
     bench.add_argument("--plot", metavar="PREFIX", help="write PREFIX<op>.png per op")
     bench.add_argument("--tiny", action="store_true", help="one tiny case per op (a smoke run, CPU included)")
     bench.add_argument("--overhead", action="store_true", help="only the dispatch overhead (GPU)")
+    bench.add_argument("--cold", action="store_true",
+                       help="each op's first-call time in a fresh process and Triton cache, without and with "
+                            "dsv4ops.warmup before it, and the warm-up's duration (GPU)")
     bench.set_defaults(fn=cmd_bench)
 
     tune = command("tune", "time every available backend per op and shape bucket here; write the selection "
@@ -286,6 +338,27 @@ def main(argv=None) -> int:
                            "with the libraries installed now) instead of timing again; --shapes is then its set")
     tune.add_argument("--out", required=True, help="the table to write (JSON)")
     tune.set_defaults(fn=cmd_tune)
+    warm = command("warmup", "compile every kernel variant the ops can meet within an engine's limits (run once at "
+                             "start-up, or once per fleet with TRITON_CACHE_DIR shipped)")
+    warm.add_argument("--ops", help="comma-separated ops (default: all)")
+    warm.add_argument("--backends", help="comma-separated backends (default: every registered one but reference)")
+    warm.add_argument("--model", choices=("v4-flash", "v4-pro"), default="v4-flash", help="the model's dimensions")
+    warm.add_argument("--tp", type=int, default=1, choices=(1, 2, 4, 8), help="tensor parallelism (heads per rank)")
+    warm.add_argument("--dim", action="append", metavar="NAME=VALUE",
+                      help="override a model dimension (heads, o_groups, index_topk, index_heads, window, "
+                           "o_lora_rank, o_group_k); repeatable")
+    warm.add_argument("--max-tokens", type=int, help="tokens per step, prefill chunk or decode rows (default 8192)")
+    warm.add_argument("--max-context", type=int, help="tokens of one request's context (default 131072)")
+    warm.add_argument("--next-n", type=int, help="rows per decode request, 1 + MTP draft tokens (default 1)")
+    warm.add_argument("--swa-block", type=int, help="page size of the sliding-window cache (default 64)")
+    warm.add_argument("--c4-block", type=int, help="page size of the C4 caches, compressed tokens (default 64)")
+    warm.add_argument("--c128-block", type=int, help="page size of the C128 cache, compressed tokens (default 2)")
+    warm.add_argument("--layouts", help="comma-separated attention cache layouts (default fp8_ds_mla)")
+    warm.add_argument("--topk-modes", help="indexer_topk row modes: ranges, decode1d, decode2d (default all)")
+    warm.add_argument("--device", help="torch device, e.g. cuda:1 (default: the current accelerator)")
+    warm.add_argument("--workers", type=int, help="threads compiling Triton variants (default: CPUs, at most 8)")
+    warm.add_argument("--json", help="write the summary and every compiled variant to this JSON file")
+    warm.set_defaults(fn=cmd_warmup)
     args = parser.parse_args(argv)
     try:
         return args.fn(args)

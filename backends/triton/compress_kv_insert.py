@@ -27,7 +27,7 @@ from .common import ceil_log2, exp2_int, mxfp4_encode, mxfp8_encode, nvfp4_encod
 from .tuning import Target
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _save_state(kv_ptr, kv_stride, score_ptr, score_stride, pos_ptr, pos_stride, ape_ptr, state_ptr, st_stride0,
                 st_stride1, sslot_ptr, sslot_stride, n, sbs, RATIO: tl.constexpr, WIDTH: tl.constexpr,
                 TOKENS: tl.constexpr, HAS_APE: tl.constexpr):
@@ -160,7 +160,7 @@ def _write_entry(pooled, t, p, slot, w_ptr, w_stride, eps, cs_ptr, cache_ptr, la
         tl.store((page_ptr + block_size * D + off * 4).to(tl.pointer_type(tl.float32)), exp2_int(ex))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "btab_stride0"])
 def _compress(kv_ptr, kv_stride, pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, sslot_stride,
               btab_ptr, btab_stride0, btab_stride1, req_ptr, req_stride, sbs, w_ptr, w_stride, eps, cs_ptr, cache_ptr,
               lat_ptr, lat_stride, slot_ptr, slot_stride, block_size, page_bytes, n, D: tl.constexpr,
@@ -199,7 +199,7 @@ def _whole_window(i, t, p, slot, rank, kv_ptr, kv_stride, state_ptr, st_stride0,
                  page_bytes, D, RATIO, KIND, INLINE, FP8_MAX, FP8_SOFT, LATENT)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "btab_stride0"])
 def _pool(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, sslot_stride, btab_ptr, btab_stride0,
           btab_stride1, req_ptr, req_stride, sbs, slot_ptr, slot_stride, ws_ptr, n, D: tl.constexpr, BD: tl.constexpr,
           RATIO: tl.constexpr, C: tl.constexpr, CHUNK: tl.constexpr, TOKENS: tl.constexpr):
@@ -216,7 +216,7 @@ def _pool(pos_ptr, pos_stride, state_ptr, st_stride0, st_stride1, sslot_ptr, ssl
         tl.store(ws_ptr + ti * D + c0 + tl.arange(0, BD), pooled)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _finish(pos_ptr, pos_stride, sslot_ptr, sslot_stride, slot_ptr, slot_stride, ws_ptr, w_ptr, w_stride, eps, cs_ptr,
             cache_ptr, lat_ptr, lat_stride, block_size, page_bytes, n, D: tl.constexpr, RATIO: tl.constexpr,
             KIND: tl.constexpr, INLINE: tl.constexpr, FP8_MAX: tl.constexpr, TOKENS: tl.constexpr,

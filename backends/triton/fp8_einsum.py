@@ -54,7 +54,7 @@ def _scaled(p, sa, sb, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     return scaled
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["Bn", "stride_ab", "stride_ah", "stride_sab", "stride_sah"])
 def _fp8_einsum_kernel(a_src, sa_ptr, b_src, sb_ptr, d_ptr, Bn, D, R,
                        stride_ab, stride_ah, stride_sab, stride_sah, stride_sar,
                        stride_sbh, stride_sbn, stride_sbr, stride_db, stride_dh,

@@ -136,7 +136,12 @@ def _kth_largest(key, k):
     return tl.where(want > 0, lo, 0xFFFFFFFF).to(tl.uint32), want
 
 
-@triton.jit
+# The row pitch, piece and candidate counts vary with the call's sizes; the row bounds are scalar loads.
+_NOT_SPECIALIZED = dict(do_not_specialize=["stride_r", "n_cand", "out_stride", "chunk"],
+                        do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
+
+
+@triton.jit(**_NOT_SPECIALIZED)
 def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1,
                          next_n, cand_ptr,
                          n_cand, out_ptr, out_stride, k, chunk,
@@ -250,10 +255,26 @@ def resident_warps(block: int, keys_per_thread: int, lanes: int) -> int:
     return min(max(block // (lanes * keys_per_thread), 4), 1024 // lanes)
 
 
-def _launch(rows, mode, tune, lanes, k, grid, cand, n_cand, out, out_stride, chunk, span, *, gather, local):
-    """One launch whose programs each select among ``span`` positions: resident when they fit."""
+def launch_variant(span: int, tune, lanes: int) -> tuple[bool, int, int]:
+    """(RESIDENT, BLOCK, warps) of a launch whose programs each select among ``span`` positions:
+    resident (a power-of-two width class) when they fit ``topk_resident``, else streamed."""
     resident = span <= tune.topk_resident
     block = triton.next_power_of_2(max(span, 16)) if resident else tune.topk_block
     warps = resident_warps(block, tune.topk_keys_per_thread, lanes) if resident else tune.topk_warps
+    return resident, block, warps
+
+
+def launch_variants(R: int, W: int, k: int, tune, lanes: int, sms: int) -> tuple[tuple, ...]:
+    """The compile-time choices of a call with R rows of width W: (GATHER, LOCAL, RESIDENT, BLOCK,
+    warps) per launch (one launch, or the pieces' and the candidates' selections)."""
+    pieces, piece = _split(R, W, k, tune, sms)
+    if pieces == 1:
+        return ((False, True, *launch_variant(W, tune, lanes)),)
+    return ((False, False, *launch_variant(piece, tune, lanes)), (True, True, *launch_variant(pieces * k, tune, lanes)))
+
+
+def _launch(rows, mode, tune, lanes, k, grid, cand, n_cand, out, out_stride, chunk, span, *, gather, local):
+    """One launch whose programs each select among ``span`` positions (``launch_variant``)."""
+    resident, block, warps = launch_variant(span, tune, lanes)
     _indexer_topk_kernel[grid](*rows, cand, n_cand, out, out_stride, k, chunk, MODE=mode, GATHER=gather,
                                LOCAL=local, BLOCK=block, RESIDENT=resident, num_warps=warps)

@@ -30,7 +30,7 @@ def _fill_inf(out_ptr, t, live_t, S, begin, end, BLOCK_Q: tl.constexpr, BLOCK_S:
                  mask=live_t[None, :] & (s < end)[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "S"], do_not_specialize_on_alignment=["ks_ptr", "ke_ptr"])
 def _mqa_logits_kernel(q_ptr, q_scale_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, ke_ptr, out_ptr, T, S, H,
                        stride_w0, stride_w1, stride_ks, stride_ke,
                        CLEAN: tl.constexpr, BLOCK_Q: tl.constexpr, H_PAD: tl.constexpr, BLOCK_S: tl.constexpr,

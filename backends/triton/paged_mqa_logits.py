@@ -31,7 +31,7 @@ def _row_limits(lens_ptr, b, j, next_n, stride_l0, stride_l1, LENS_2D: tl.conste
     return tl.where(live, tl.maximum(tl.load(lens_ptr + b * stride_l0) - next_n + j + 1, 0), 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["width", "stride_t0"], do_not_specialize_on_alignment=["lens_ptr", "table_ptr"])
 def _paged_mqa_logits_kernel(q_ptr, q_scale_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, H, next_n,
                              block_size, page_stride, width,
                              stride_w0, stride_w1, stride_l0, stride_l1, stride_t0, stride_t1,

@@ -19,7 +19,7 @@ def _rope(e, o, cos, sin):
     return e * cos - o * sin, e * sin + o * cos
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_kv"])
 def _qnorm_rope_kv_insert_kernel(
     q_ptr, kv_ptr, kv_stride, pos_ptr, pos_stride, cs_ptr, cache_ptr, slot_ptr, slot_stride, out_ptr, n_kv, H, eps,
     kv_scale, q_scale, block_size, page_bytes,

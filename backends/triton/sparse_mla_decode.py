@@ -119,7 +119,7 @@ def _segment_length(lens_ptr, lens_stride, t, topk, HAS_LENS: tl.constexpr):
     return length
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["topk", "x_topk", "idx_s0", "x_idx_s0", "blocks_per_split"])
 def _decode_kernel(
     q_ptr, H, cache_ptr, idx_ptr, idx_s0, idx_s1, lens_ptr, lens_s, topk, block_size, page_bytes,
     x_cache_ptr, x_idx_ptr, x_idx_s0, x_idx_s1, x_lens_ptr, x_lens_s, x_topk, x_block_size, x_page_bytes,
@@ -187,7 +187,7 @@ def _finish(o, lse, empty, heads, live, t, H, sink_ptr, sink_s, out_ptr, lse_ptr
     tl.store(lse_ptr + t * H + heads, tl.where(empty, float("inf"), lse), mask=live)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_splits"])
 def _combine_kernel(part_o_ptr, part_lse_ptr, sink_ptr, sink_s, out_ptr, lse_ptr, H, n_splits,
                     HAS_SINK: tl.constexpr, BLOCK_H: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
