@@ -236,20 +236,35 @@ def _cache_hook(on_miss):
 
 
 @contextlib.contextmanager
-def _compile_without_launching():
-    """Every Triton launch compiles its variant (when new) and returns without running."""
+def _compile_without_launching(kernels: list | None = None):
+    """Every Triton launch compiles its variant (when new) and returns without running; the
+    compiled kernels (or their futures, under async compiling) are appended to ``kernels``."""
     from triton.runtime.jit import JITFunction
 
     launch = JITFunction.run
 
     def compile_only(self, *args, grid, warmup, **kwargs):
-        return launch(self, *args, grid=grid, warmup=True, **kwargs)
+        kernel = launch(self, *args, grid=grid, warmup=True, **kwargs)
+        if kernels is not None:
+            kernels.append(kernel)
+        return kernel
 
     JITFunction.run = compile_only
     try:
         yield
     finally:
         JITFunction.run = launch
+
+
+def _load(kernels: list):
+    """Load compiled kernels onto the current GPU and build their launchers, which Triton otherwise
+    does at a kernel's first launch (a module load and, per argument signature, a C launcher: 0.2 to
+    0.6 s on the H100, docs/perf/README.md)."""
+    for kernel in kernels:
+        kernel = kernel.result() if hasattr(kernel, "result") else kernel
+        init = getattr(kernel, "_init_handles", None)
+        if init is not None:
+            init()
 
 
 def variant_keys(run) -> set[tuple[str, str]]:
@@ -353,7 +368,7 @@ def warmup(ops=None, *, model: str = "v4-flash", tp: int = 1, dims: dict | None 
         per_op[current[0]].compiled += 1
         return False
 
-    with _compile_phase(workers), _cache_hook(on_miss):
+    with _compile_phase(workers, load=device.type == "cuda"), _cache_hook(on_miss):
         for done, (op, params) in enumerate(work, 1):
             current[0] = op
             t0 = time.perf_counter()
@@ -400,9 +415,10 @@ def warmup(ops=None, *, model: str = "v4-flash", tp: int = 1, dims: dict | None 
 
 
 @contextlib.contextmanager
-def _compile_phase(workers: int | None):
+def _compile_phase(workers: int | None, load: bool):
     """Triton launches compile without running, on a thread pool (Triton's async compile mode,
-    where this Triton has it); every compile has finished on exit."""
+    where this Triton has it); every compile has finished on exit, and with ``load`` every kernel
+    is loaded onto the current GPU."""
     from concurrent.futures import ThreadPoolExecutor
 
     try:
@@ -410,9 +426,12 @@ def _compile_phase(workers: int | None):
     except ImportError:
         AsyncCompileMode = None
     workers = workers or min(8, os.cpu_count() or 1)
-    with _compile_without_launching():
+    kernels: list = []
+    with _compile_without_launching(kernels):
         if AsyncCompileMode is None or workers <= 1:
             yield
-            return
-        with ThreadPoolExecutor(workers) as pool, AsyncCompileMode(pool):
-            yield
+        else:
+            with ThreadPoolExecutor(workers) as pool, AsyncCompileMode(pool):
+                yield
+    if load:
+        _load(kernels)
