@@ -13,6 +13,7 @@ from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..rows import decode_row_ends
 from ..sampling import change, randint, randn, set_args, to_device
 from ..tolerance import Collector, Verdict
+from .indexer_topk import check_row_lengths
 
 CANDIDATE_BLOCK, CANDIDATE_BLOCKS = 8, 2048       # V4.1's configuration (positions per block, blocks per row)
 
@@ -26,28 +27,7 @@ def check(c: Checker, a):
     if a.num_blocks * a.sparse_block > INT32_MAX:
         c.fail("num_blocks", f"must keep num_blocks * sparse_block <= {INT32_MAX}, got {a.num_blocks} * "
                              f"{a.sparse_block}")
-    c.int_arg("next_n", a.next_n, minimum=1)
-    ranged = a.row_starts is not None or a.row_ends is not None
-    seq_lens = a.seq_lens
-    if ranged == (seq_lens is not None):
-        c.fail("seq_lens", "give either row_starts and row_ends, or seq_lens (not both, not neither)")
-    if ranged:
-        c.tensor("row_starts", a.row_starts, dtype=torch.int32, shape=(R,))
-        c.tensor("row_ends", a.row_ends, dtype=torch.int32, shape=(R,))
-        c.in_range("row_starts", a.row_starts, 0, W + 1, what="row starts")
-        c.in_range("row_ends", a.row_ends, 0, W + 1, what="row ends")
-        c.not_above("row_starts", a.row_starts, "row_ends", a.row_ends)
-    else:
-        if not isinstance(seq_lens, torch.Tensor) or seq_lens.dim() not in (1, 2):
-            c.fail("seq_lens", "must be int32 [B] or [B, next_n]")
-        if seq_lens.dim() == 2 and a.next_n not in (1, seq_lens.shape[1]):
-            c.fail("next_n", f"must match seq_lens.shape[1]={seq_lens.shape[1]}, got {a.next_n}")
-        rows_per_seq = seq_lens.shape[1] if seq_lens.dim() == 2 else a.next_n
-        c.tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(R // rows_per_seq,) + tuple(seq_lens.shape[1:]))
-        if seq_lens.shape[0] * rows_per_seq != R:
-            c.fail("seq_lens", f"must describe R={R} rows (B * next_n), got {list(seq_lens.shape)} "
-                               f"with next_n={rows_per_seq}")
-        c.in_range("seq_lens", seq_lens, 0, W + 1, what="lengths (at most the logits width)")
+    check_row_lengths(c, a, R, W)
     return a
 
 

@@ -24,6 +24,15 @@ def check(c: Checker, a):
     c.int_arg("k", a.k, minimum=1)
     if a.k > INT32_MAX - W:
         c.fail("k", f"must keep W + k <= {INT32_MAX} (int32 candidate columns), got k={a.k} with W={W}")
+    check_row_lengths(c, a, R, W)
+    c.out_buffer(a.out, dtype=torch.int32, shape=(R, a.k))
+    return a
+
+
+def check_row_lengths(c: Checker, a, R: int, W: int):
+    """The two ways a call over ``R`` logits rows of width ``W`` gives each row's visible columns
+    (docs/ops.md §5): ``row_starts`` / ``row_ends`` int32 ``[R]``, or ``seq_lens`` int32 ``[B]`` /
+    ``[B, next_n]`` with ``next_n`` rows per request; exactly one of them."""
     c.int_arg("next_n", a.next_n, minimum=1)
     ranged = a.row_starts is not None or a.row_ends is not None
     seq_lens = a.seq_lens
@@ -46,8 +55,6 @@ def check(c: Checker, a):
             c.fail("seq_lens", f"must describe R={R} rows (B * next_n), got {list(seq_lens.shape)} "
                                f"with next_n={rows_per_seq}")
         c.in_range("seq_lens", seq_lens, 0, W + 1, what="lengths (at most the logits width)")
-    c.out_buffer(a.out, dtype=torch.int32, shape=(R, a.k))
-    return a
 
 
 def fake(a):
