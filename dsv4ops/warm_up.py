@@ -363,9 +363,11 @@ def warmup(ops=None, *, model: str = "v4-flash", tp: int = 1, dims: dict | None 
     start = time.perf_counter()
     gen = torch.Generator().manual_seed(0)
 
-    def on_miss(fn, key):
-        compiled.add((fn.name, str(key)))
-        per_op[current[0]].compiled += 1
+    def on_miss(fn, key):                   # a variant counts once, for the op that asked first
+        variant = (fn.name, str(key))
+        if variant not in compiled:
+            compiled.add(variant)
+            per_op[current[0]].compiled += 1
         return False
 
     with _compile_phase(workers, load=device.type == "cuda"), _cache_hook(on_miss):
