@@ -12,6 +12,7 @@ import torch
 
 from . import formats
 from .quant import encode_mxfp4, to_fp8, ue8m0_scale
+from .rows import decode_row_ends
 
 SOFTMAX_SCALE = 512 ** -0.5
 ROPE_THETA = 10000.0
@@ -128,6 +129,37 @@ def key_ranges(gen, T: int, S: int, ranges: str) -> tuple[torch.Tensor, torch.Te
 # ---------------------------------------------------------------------------------------------
 # Error inputs: ``(argument, change)`` pairs; ``change(kwargs)`` edits a valid call in place so that
 # the named argument is wrong.
+
+def row_ranges(gen, R: int, W: int, mode: str, next_n: int = 1, corner: str | None = None) -> tuple[dict, torch.Tensor]:
+    """How rows of width ``W`` over logits ``[R, W]`` get their columns (indexer_topk's modes):
+    "ranges" (``row_starts``/``row_ends``), "decode1d" / "decode2d" (``seq_lens`` per request or per
+    row, ``next_n``; the first request spans the whole width). ``corner``: "empty" (every other
+    row or request empty), "all_empty". Returns the op's arguments and a bool [R, W] mask of the
+    columns outside every row's range."""
+    if mode == "ranges":
+        starts = randint(gen, 0, max(W // 4, 1), (R,))
+        ends = (starts + randint(gen, 0, W + 1, (R,))).clamp(max=W)
+        if corner == "empty":
+            ends[::2] = starts[::2]
+        elif corner == "all_empty":
+            ends = starts.clone()
+        args = dict(row_starts=starts.to(torch.int32), row_ends=ends.to(torch.int32))
+    else:
+        lens = randint(gen, 0, W + 1, (R // next_n,))
+        if R:
+            lens[0] = W
+        if corner == "empty":
+            lens[::2] = 0
+        elif corner == "all_empty":
+            lens[:] = 0
+        if mode == "decode2d":
+            lens = (lens[:, None] - next_n + torch.arange(next_n) + 1).clamp_min(0)
+        args = dict(seq_lens=lens.to(torch.int32), next_n=next_n)
+        ends = decode_row_ends(lens, next_n)
+        starts = torch.zeros_like(ends)
+    cols = torch.arange(W)
+    return args, (cols < starts[:, None]) | (cols >= ends[:, None])
+
 
 def set_args(**changes) -> Callable[[dict], None]:
     """An error input's change: set these arguments."""

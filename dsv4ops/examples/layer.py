@@ -75,7 +75,8 @@ TINY = Sizes(prompts=(130, 37), chunk=100, decode_steps=2, heads=8, index_heads=
 @dataclass
 class Step:
     """The tokens of one forward step: ``kind`` "prefill" or "decode", positions int64 [T], request
-    of each token int32 [T] (tokens grouped by request, in position order)."""
+    of each token int32 [T] (tokens grouped by request, in position order; a decode step has the
+    same number of tokens per request)."""
 
     number: int
     kind: str
@@ -83,12 +84,14 @@ class Step:
     token_to_req: torch.Tensor
 
 
-def schedule(sizes: Sizes, device) -> list[Step]:
-    """Chunked prefill of every prompt, then ``decode_steps`` steps of one token per request."""
+def schedule(sizes, device, verify: int = 1) -> list[Step]:
+    """Chunked prefill of every prompt (``sizes.prompts`` in chunks of ``sizes.chunk``), then
+    ``sizes.decode_steps`` steps of ``verify`` tokens per request (1 + MTP draft tokens)."""
     lens = sizes.prompts
     prefill = [[(r, c, min(c + sizes.chunk, n)) for r, n in enumerate(lens) if c < n]
                for c in range(0, max(lens), sizes.chunk)]
-    decode = [[(r, n + j, n + j + 1) for r, n in enumerate(lens)] for j in range(sizes.decode_steps)]
+    decode = [[(r, n + j * verify, n + (j + 1) * verify) for r, n in enumerate(lens)]
+              for j in range(sizes.decode_steps)]
     steps = []
     for number, span in enumerate(prefill + decode):
         pos = torch.cat([torch.arange(a, b) for _, a, b in span])

@@ -37,7 +37,7 @@ from dsv4ops.sampling import cos_sin_cache, quantize_blocks
 from dsv4ops.tolerance import calc_diff
 
 from .common import HEADS_PER_GROUP, backend_setting, describe_times, time_us, window_indices
-from .layer import MAX_ATTN_DIFF, MAX_CACHE_DIFF, MAX_Z_DIFF, MIN_TOPK_OVERLAP, Runner, entry_slots
+from .layer import MAX_ATTN_DIFF, MAX_CACHE_DIFF, MAX_Z_DIFF, MIN_TOPK_OVERLAP, Runner, Step, entry_slots, schedule
 from .layer import _selection_agreement as selection_agreement
 
 BLOCK = 64                       # page size of every cache (SWA, compressed, index keys, state)
@@ -82,31 +82,6 @@ class LayerSpec:
 LAYERS = (LayerSpec("L2", 2, "L2", "dense"), LayerSpec("L3", 2, "L2", "reuse"),
           LayerSpec("L20", 1, "L20", "dense"), LayerSpec("L24", 1, "L20", "consumer"))
 CANDIDATE_SOURCE = "L20"
-
-
-@dataclass
-class Step:
-    """One forward step: positions int64 [T], request of each token int32 [T] (grouped by request,
-    in position order); a decode step has ``verify`` tokens per request."""
-
-    number: int
-    kind: str
-    positions: torch.Tensor
-    token_to_req: torch.Tensor
-
-
-def schedule(sizes: Sizes, device) -> list[Step]:
-    lens = sizes.prompts
-    prefill = [[(r, c, min(c + sizes.chunk, n)) for r, n in enumerate(lens) if c < n]
-               for c in range(0, max(lens), sizes.chunk)]
-    decode = [[(r, n + j * sizes.verify, n + (j + 1) * sizes.verify) for r, n in enumerate(lens)]
-              for j in range(sizes.decode_steps)]
-    steps = []
-    for number, span in enumerate(prefill + decode):
-        pos = torch.cat([torch.arange(a, b) for _, a, b in span])
-        req = torch.cat([torch.full((b - a,), r, dtype=torch.int32) for r, a, b in span])
-        steps.append(Step(number, "prefill" if number < len(prefill) else "decode", pos.to(device), req.to(device)))
-    return steps
 
 
 @dataclass
@@ -156,7 +131,7 @@ def make_stack(sizes: Sizes, device="cpu", seed=0) -> Stack:
     move = lambda d: {k: v.to(device) for k, v in d.items()}
     stack = Stack(sizes, cos_sin_cache(max_len + 1).to(device),
                   cos_sin_cache(max_len + 1, theta=160000.0).to(device), weights, move(tables), move(caches))
-    stack.steps = schedule(sizes, device)
+    stack.steps = schedule(sizes, device, verify=sizes.verify)
     stack.meta = [step_meta(stack, step) for step in stack.steps]
     return stack
 

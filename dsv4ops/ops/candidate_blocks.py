@@ -10,8 +10,7 @@ from torch import Tensor
 
 from ..checker import INT32_MAX, Checker
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
-from ..rows import decode_row_ends
-from ..sampling import change, randint, randn, set_args, to_device
+from ..sampling import change, randint, randn, row_ranges, set_args, to_device
 from ..tolerance import Collector, Verdict
 from .indexer_topk import check_row_lengths
 
@@ -55,33 +54,11 @@ def inputs(device, gen, *, R, W, sparse_block=8, num_blocks=16, mode="ranges", n
         logits[odd < 0.02] = float("nan")
         logits[(odd >= 0.02) & (odd < 0.04)] = float("inf")
         logits[(odd >= 0.04) & (odd < 0.06)] = -0.0
-    kwargs = dict(logits=logits, sparse_block=sparse_block, num_blocks=num_blocks)
-    if mode == "ranges":
-        starts = randint(gen, 0, max(W // 4, 1), (R,))
-        ends = (starts + randint(gen, 0, W + 1, (R,))).clamp(max=W)
-        if corner == "empty":
-            ends[::2] = starts[::2]
-        elif corner == "all_empty":
-            ends = starts.clone()
-        kwargs.update(row_starts=starts.to(torch.int32), row_ends=ends.to(torch.int32))
-    else:
-        lens = randint(gen, 0, W + 1, (R // next_n,))
-        if R:
-            lens[0] = W
-        if corner == "empty":
-            lens[::2] = 0
-        elif corner == "all_empty":
-            lens[:] = 0
-        if mode == "decode2d":
-            lens = (lens[:, None] - next_n + torch.arange(next_n) + 1).clamp_min(0)
-        kwargs.update(seq_lens=lens.to(torch.int32), next_n=next_n)
-        ends = decode_row_ends(lens, next_n)
-        starts = torch.zeros_like(ends)
-    cols = torch.arange(W)
-    outside = (cols < starts[:, None]) | (cols >= ends[:, None])
+    ranges, outside = row_ranges(gen, R, W, mode, next_n, corner)
+    kwargs = dict(logits=logits, sparse_block=sparse_block, num_blocks=num_blocks, **ranges)
     logits[outside] = float("inf")
     if data == "nonfinite":
-        logits[outside & (cols % 2 == 0)] = float("nan")
+        logits[outside & (torch.arange(W) % 2 == 0)] = float("nan")
     if column_major:
         kwargs["logits"] = logits.t().contiguous().t()
     return to_device(kwargs, device)

@@ -9,8 +9,8 @@ from torch import Tensor
 
 from ..checker import INT32_MAX, Checker
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
-from ..rows import decode_row_ends, row_bounds
-from ..sampling import change, randint, randn, set_args, to_device
+from ..rows import row_bounds
+from ..sampling import change, randint, randn, row_ranges, set_args, to_device
 from ..shapes import INDEX_TOPK
 from ..tolerance import Collector, Verdict, topk_selection
 
@@ -90,34 +90,11 @@ def inputs(device, gen, *, R, W, k, mode="ranges", next_n=1, data="random", corn
         odd = torch.rand(R, W, generator=gen)
         logits[odd < 0.05] = float("nan")
         logits[(odd >= 0.05) & (odd < 0.1)] = float("inf")
-    kwargs = dict(logits=logits, k=k)
-    if mode == "ranges":
-        starts = randint(gen, 0, max(W // 4, 1), (R,))
-        ends = starts + randint(gen, 0, W + 1, (R,))
-        ends = ends.clamp(max=W)
-        if corner == "empty":
-            ends[::2] = starts[::2]
-        elif corner == "all_empty":
-            ends = starts.clone()
-        kwargs.update(row_starts=starts.to(torch.int32), row_ends=ends.to(torch.int32))
-        starts_e, ends_e = starts, ends
-    else:
-        B = R // next_n
-        lens = randint(gen, 0, W + 1, (B,))
-        if corner == "empty":
-            lens[::2] = 0
-        elif corner == "all_empty":
-            lens[:] = 0
-        if mode == "decode2d":
-            lens = (lens[:, None] - next_n + torch.arange(next_n) + 1).clamp_min(0)
-        kwargs.update(seq_lens=lens.to(torch.int32), next_n=next_n)
-        ends_e = decode_row_ends(lens, next_n)
-        starts_e = torch.zeros_like(ends_e)
-    cols = torch.arange(W)
-    outside = (cols < starts_e[:, None]) | (cols >= ends_e[:, None])
+    ranges, outside = row_ranges(gen, R, W, mode, next_n, corner)
+    kwargs = dict(logits=logits, k=k, **ranges)
     logits[outside] = float("inf")              # a backend that ignores the range picks these
     if data == "nonfinite":                     # garbage past the ends: NaN in every other column
-        logits[outside & (cols % 2 == 0)] = float("nan")
+        logits[outside & (torch.arange(W) % 2 == 0)] = float("nan")
     if column_major:                            # the op accepts any strides
         kwargs["logits"] = logits.t().contiguous().t()
     if out:

@@ -16,10 +16,9 @@ from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..quant import to_fp8
 from ..rows import bad_candidate_rows, candidate_columns, decode_row_ends
 from ..sampling import change, randint, randn, set_args, to_device
+from ..shapes import V41_INDEX_HEADS
 from ..tolerance import Collector, Verdict, abs_index_cache, fp8_abs, indexer_logits_rule
 from .candidate_blocks import CANDIDATE_BLOCK, CANDIDATE_BLOCKS
-
-V41_INDEX_HEADS = 32
 
 
 def check_blocks(c: Checker, a, rows: int, lens):
