@@ -136,14 +136,14 @@ def _kth_largest(key, k):
     return tl.where(want > 0, lo, 0xFFFFFFFF).to(tl.uint32), want
 
 
-# The row pitch, piece and candidate counts vary with the call's sizes; the row bounds are scalar loads.
-_NOT_SPECIALIZED = dict(do_not_specialize=["stride_r", "n_cand", "out_stride", "chunk"],
-                        do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
-
-
-@triton.jit(**_NOT_SPECIALIZED)
+# The row bounds are scalar loads: their addresses' alignment is not specialized. The integers are:
+# Triton's divisibility-by-16 of the row pitch (``stride_r``) lets a program load its row in 16-byte
+# vectors (1.39x faster at 128 x 32768 on the H100, docs/perf/README.md); the piece length and the
+# candidate pitch are multiples of 16 by construction (``_split``, ``candidate_pitch``), so only the
+# row pitch adds a variant (``pitch_class``).
+@triton.jit(do_not_specialize=["n_cand"], do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
 def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1,
-                         next_n, cand_ptr,
+                         next_n, cand_ptr, cand_stride,
                          n_cand, out_ptr, out_stride, k, chunk,
                          MODE: tl.constexpr, GATHER: tl.constexpr, LOCAL: tl.constexpr, BLOCK: tl.constexpr,
                          RESIDENT: tl.constexpr):
@@ -151,7 +151,7 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
     part = tl.program_id(1)
     start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
     src = logits_ptr + row * stride_r
-    cand_row = cand_ptr + row * n_cand
+    cand_row = cand_ptr + row * cand_stride
     if GATHER:
         lo = 0
         hi = n_cand
@@ -228,14 +228,18 @@ def indexer_topk(target: Target, a):
     rows = (a.logits, a.logits.stride(0), a.logits.stride(1), starts, ends, lens, *strides, next_n)
     pieces, piece = _split(R, W, a.k, tune, multiprocessors(a.logits.device))
     launch = functools.partial(_launch, rows, mode, tune, target.warp_lanes, a.k)
-    if pieces == 1:                              # one program per row
-        launch((R, 1), out, 0, out, a.k, W, W, gather=False, local=True)
+    if pieces == 1:                              # one program per row (its one piece: the whole row)
+        launch((R, 1), out, 0, 0, out, a.k, _round16(W), W, gather=False, local=True)
         return out
     n_cand = pieces * a.k                        # stage 1: each piece's k largest columns
-    cand = torch.empty(R, n_cand, dtype=torch.int32, device=a.logits.device)
-    launch((R, pieces), cand, 0, cand, n_cand, piece, piece, gather=False, local=False)
-    launch((R, 1), cand, n_cand, out, a.k, W, n_cand, gather=True, local=True)
+    cand = torch.empty(R, _round16(n_cand), dtype=torch.int32, device=a.logits.device)
+    launch((R, pieces), cand, 0, 0, cand, cand.stride(0), piece, piece, gather=False, local=False)
+    launch((R, 1), cand, cand.stride(0), n_cand, out, a.k, _round16(W), n_cand, gather=True, local=True)
     return out
+
+
+def _round16(n: int) -> int:
+    return -(-n // 16) * 16
 
 
 def _split(R: int, W: int, k: int, tune, sms: int) -> tuple[int, int]:
@@ -246,7 +250,7 @@ def _split(R: int, W: int, k: int, tune, sms: int) -> tuple[int, int]:
         pieces = max(pieces, min(triton.cdiv(sms, R), W // max(tune.topk_min_piece, 2 * k)))
     if pieces <= 1:
         return 1, W
-    return pieces, max(triton.cdiv(W, pieces), k)
+    return pieces, _round16(max(triton.cdiv(W, pieces), k))
 
 
 def resident_warps(block: int, keys_per_thread: int, lanes: int) -> int:
@@ -264,17 +268,26 @@ def launch_variant(span: int, tune, lanes: int) -> tuple[bool, int, int]:
     return resident, block, warps
 
 
+def pitch_class(stride: int) -> int:
+    """How Triton specializes an integer argument such as the row pitch: 1, 16 (a multiple of 16) or 0."""
+    return 1 if stride == 1 else 16 if stride % 16 == 0 else 0
+
+
 def launch_variants(R: int, W: int, k: int, tune, lanes: int, sms: int) -> tuple[tuple, ...]:
-    """The compile-time choices of a call with R rows of width W: (GATHER, LOCAL, RESIDENT, BLOCK,
-    warps) per launch (one launch, or the pieces' and the candidates' selections)."""
+    """The compile-time choices of a call with R contiguous rows of width W: (GATHER, LOCAL,
+    RESIDENT, BLOCK, warps, row pitch class) per launch (one launch, or the pieces' and the
+    candidates' selections)."""
     pieces, piece = _split(R, W, k, tune, sms)
+    pitch = pitch_class(W)
     if pieces == 1:
-        return ((False, True, *launch_variant(W, tune, lanes)),)
-    return ((False, False, *launch_variant(piece, tune, lanes)), (True, True, *launch_variant(pieces * k, tune, lanes)))
+        return ((False, True, *launch_variant(W, tune, lanes), pitch),)
+    return ((False, False, *launch_variant(piece, tune, lanes), pitch),
+            (True, True, *launch_variant(pieces * k, tune, lanes), pitch))
 
 
-def _launch(rows, mode, tune, lanes, k, grid, cand, n_cand, out, out_stride, chunk, span, *, gather, local):
+def _launch(rows, mode, tune, lanes, k, grid, cand, cand_stride, n_cand, out, out_stride, chunk, span, *, gather,
+            local):
     """One launch whose programs each select among ``span`` positions (``launch_variant``)."""
     resident, block, warps = launch_variant(span, tune, lanes)
-    _indexer_topk_kernel[grid](*rows, cand, n_cand, out, out_stride, k, chunk, MODE=mode, GATHER=gather,
+    _indexer_topk_kernel[grid](*rows, cand, cand_stride, n_cand, out, out_stride, k, chunk, MODE=mode, GATHER=gather,
                                LOCAL=local, BLOCK=block, RESIDENT=resident, num_warps=warps)
