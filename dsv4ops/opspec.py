@@ -108,7 +108,10 @@ class OpSpec:
     layout name becomes its ``Layout``); ``fake(a)`` returns outputs of the right shape and dtype
     without computing; ``reference``: ``"module:function"`` of its PyTorch reference (typed args).
     ``outputs`` is the torch.library return type; ``out_variant_only`` marks ops whose result may
-    alias an input (only their ``out=`` form exists as a torch op)."""
+    alias an input (only their ``out=`` form exists as a torch op). ``leading``: the tensor
+    arguments whose dim 0 is the call's leading size (tokens per step at most), none when the op
+    has no such size: a call cut to its first ``n`` rows slices exactly these (``at_size``), which
+    is how warm-up runs an implementation whose JIT compiles per leading size at every size."""
 
     name: str
     section: int
@@ -121,6 +124,13 @@ class OpSpec:
     conformance: Conformance
     bench: BenchShapes
     out_variant_only: bool = False
+    leading: tuple[str, ...] = ()
+
+    def at_size(self, args, n: int):
+        """The typed ``args`` cut to their first ``n`` rows: the ``leading`` tensors sliced on dim 0
+        (views of the same storage; an absent optional one stays None)."""
+        return args._replace(**{name: getattr(args, name)[:n] for name in self.leading
+                                if getattr(args, name) is not None})
 
     @property
     def written(self) -> tuple[Arg, ...]:

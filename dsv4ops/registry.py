@@ -45,6 +45,7 @@ class Implementation:
     priority: int
     supports: Check | None = None
     cannot_capture: str | None = None      # why a CUDA graph cannot capture it (None: it can)
+    jit_per_size: str | None = None        # why its JIT compiles per value of the call's leading size
     _fn: Callable | None = field(default=None, repr=False)
 
     def bound(self, plat: Platform) -> Callable[[Any], Any]:
@@ -98,14 +99,17 @@ class Backend:
     _probed: tuple[bool, str | None] | None = field(default=None, repr=False)
 
     def implements(self, op: str, target: str | Callable, *, name: str | None = None, priority: int | None = None,
-                   supports: Check | None = None, cannot_capture: str | None = None) -> Implementation:
+                   supports: Check | None = None, cannot_capture: str | None = None,
+                   jit_per_size: str | None = None) -> Implementation:
         """Register an implementation of ``op``; ``priority`` only for backends not in the
         priorities table (out-of-tree plugins); ``cannot_capture``: why a CUDA graph cannot capture
-        it (a host synchronization, say), so that selection skips it while a stream is capturing."""
+        it (a host synchronization, say), so that selection skips it while a stream is capturing;
+        ``jit_per_size``: why its JIT compiles (or picks) a kernel per value of the call's leading
+        size (the op's ``OpSpec.leading``), so that warm-up runs it at every size up to the limit."""
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
             raise ConfigError(f"backend {self.name!r}: priority= must be an int, got {priority!r}")
         impl = Implementation(op, self, name or self.name, target, priorities.priority(op, self.name, priority),
-                              supports, cannot_capture)
+                              supports, cannot_capture, jit_per_size)
         _register(impl)
         impls = self.implementations.setdefault(op, [])
         impls[:] = [i for i in impls if i.name != impl.name] + [impl]

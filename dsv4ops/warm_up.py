@@ -8,7 +8,9 @@ bounds' addresses) are ``do_not_specialize`` in the kernels, so the variants an 
 function of (op, platform, tuning, model dims, engine limits): ``representative_calls`` gives one
 call (builder parameters of the op's conformance inputs) per variant, and ``warmup`` runs them
 through every selected backend that accepts them: Triton kernels compile without launching (in
-parallel), vendor implementations run once (their own JIT, if any, compiles what the call needs).
+parallel), vendor implementations run once (their own JIT, if any, compiles what the call needs),
+and a vendor implementation whose JIT compiles per leading size (``Implementation.jit_per_size``)
+runs at every size 1..``Limits.max_tokens``, on views of one call built at the largest size.
 
 ``variant_keys`` returns the Triton variants a call asks for without compiling anything (Triton's
 own key, computed by the launch path), which is how tests/test_warmup.py holds the set closed.
@@ -35,6 +37,7 @@ TP_DEGREES = (1, 2, 4, 8)
 # Ops that run other ops' kernels: their Triton variants are their parts' (warmed with them).
 PARTS = {"mqa_topk": ("mqa_logits", "indexer_topk"), "paged_mqa_topk": ("paged_mqa_logits", "indexer_topk")}
 TOPK_MODES = ("ranges", "decode1d", "decode2d")
+PROGRESS_STEP = 256                     # sizes of a per-size vendor run between progress reports
 # The two-level indexer's ops (DeepSeek-V4.1): their sizes are not yet do_not_specialize and their
 # variants not enumerated; the warm-up compiles their typical call's only.
 NOT_ENUMERATED = ("candidate_blocks", "paged_sparse_mqa_logits", "sparse_mqa_logits")
@@ -169,11 +172,10 @@ def representative_calls(op: str, dims: ModelDims, lim: Limits, ctx: Context) ->
     if op == "inv_rope_fp8_quant":
         return [dict(T=2, H=heads, n_groups=dims.o_groups)]
     if op == "fp8_einsum":
-        # One Triton variant per layout; B in powers of two (up to 1024) for a vendor JIT that picks
-        # its kernel by B (DeepGEMM: not enumerated, so these are its likely configurations).
-        sizes = [1 << i for i in range(11) if 1 << i <= lim.max_tokens]
-        return [dict(B=B, H=dims.o_groups, D=dims.o_lora_rank, R=dims.o_group_k, group_major=g)
-                for g in (False, True) for B in sizes]
+        # One Triton variant per layout (B is not specialized); ``out`` given, so that a vendor run at
+        # every size (jit_per_size) writes views of one output.
+        return [dict(B=min(4, lim.max_tokens), H=dims.o_groups, D=dims.o_lora_rank, R=dims.o_group_k, group_major=g,
+                     out=True) for g in (False, True)]
     if op == "mqa_logits":
         return [dict(T=4, S=256, H=dims.index_heads, clean=c) for c in (False, True)]
     if op == "paged_mqa_logits":
@@ -318,6 +320,28 @@ class WarmupSummary:
                 f"Triton cache: {self.cache_dir}")
 
 
+def grown(op: str, args, size: int):
+    """``args`` with ``OPS[op].spec.leading`` tensors of ``size`` rows (one allocation each, the same
+    dimension order and dtype), their rows the call's own repeated: the largest call of a per-size
+    run, which ``spec.at_size`` cuts into views."""
+    changed = {}
+    for name in OPS[op].spec.leading:
+        t = getattr(args, name)
+        if t is None:
+            continue
+        order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))       # outermost first
+        shape = [size if d == 0 else t.shape[d] for d in order]
+        big = t.new_empty(shape).permute([order.index(d) for d in range(t.dim())])
+        done = min(size, t.shape[0])
+        big[:done].copy_(t[:done])
+        while done < size:                                                 # doubling copies
+            n = min(done, size - done)
+            big[done:done + n].copy_(big[:n])
+            done += n
+        changed[name] = big
+    return args._replace(**changed)
+
+
 def triton_cache_dir() -> str:
     """Where Triton keeps compiled kernels (TRITON_CACHE_DIR, else its default)."""
     try:
@@ -336,7 +360,9 @@ def warmup(ops=None, *, model: str = "v4-flash", tp: int = 1, dims: dict | None 
     ``model``/``tp``: a preset's dims ("v4-flash", "v4-pro"; ``dims`` overrides fields of
     ``ModelDims``); ``limits``: fields of ``Limits``. Triton variants compile without launching on
     ``workers`` threads (default: the CPU count, at most 8); vendor implementations run each call
-    once. ``progress(done, total, text)`` is called after each call. A second start with the same
+    once, those whose JIT compiles per leading size (``jit_per_size``) once per size 1..max_tokens
+    (each run counted in ``vendor_calls``). ``progress(done, total, text)`` is called after each
+    call (per-size runs: every ``PROGRESS_STEP`` sizes). A second start with the same
     TRITON_CACHE_DIR loads instead of compiling."""
     from .backends.triton import BACKEND as TRITON
 
@@ -393,23 +419,36 @@ def warmup(ops=None, *, model: str = "v4-flash", tp: int = 1, dims: dict | None 
                 elif impl.backend is TRITON:
                     impl.bound(plat)(call.args)
                     per_op[op].backends.add(impl.name)
+                elif impl.jit_per_size is not None and OPS[op].spec.leading:
+                    vendor_work.append((op, impl, call, lim.max_tokens))
                 else:
-                    vendor_work.append((op, impl, call))
+                    vendor_work.append((op, impl, call, None))
             per_op[op].seconds += time.perf_counter() - t0
             if progress is not None:
-                progress(done, len(work) + len(vendor_work), f"{op} (Triton)")
-    for i, (op, impl, call) in enumerate(vendor_work, 1):
+                progress(done, len(work) + sum(n or 1 for *_, n in vendor_work), f"{op} (Triton)")
+    total, done = len(work) + sum(n or 1 for *_, n in vendor_work), len(work)
+    for op, impl, call, sizes in vendor_work:
         t0 = time.perf_counter()
-        try:
-            impl.bound(plat)(call.args)
-        except Dsv4opsError as exc:     # an adapter's own refusal of a call (reported, not fatal)
-            per_op[op].skipped.append((impl.name, str(exc)))
-        else:
-            per_op[op].vendor_calls += 1
-            per_op[op].backends.add(impl.name)
+        run = impl.bound(plat)
+        if sizes is None:
+            calls = [call.args]
+            text = f"{op} ({impl.name})"
+        else:                           # every size, on views of one call built at the largest
+            largest = grown(op, call.args, sizes)
+            calls = (OPS[op].spec.at_size(largest, n) for n in range(1, sizes + 1))
+            text = f"{op} ({impl.name}, every size up to {sizes})"
+        for n, args in enumerate(calls, 1):
+            try:
+                run(args)
+            except Dsv4opsError as exc:     # an adapter's own refusal of a call (reported, not fatal)
+                per_op[op].skipped.append((impl.name, str(exc)))
+            else:
+                per_op[op].vendor_calls += 1
+                per_op[op].backends.add(impl.name)
+            done += 1
+            if progress is not None and (n % PROGRESS_STEP == 0 or n == (sizes or 1)):
+                progress(done, total, text)
         per_op[op].seconds += time.perf_counter() - t0
-        if progress is not None:
-            progress(len(work) + i, len(work) + len(vendor_work), f"{op} ({impl.name})")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return WarmupSummary([per_op[op] for op in per_op], compiled, time.perf_counter() - start, triton_cache_dir(),

@@ -156,6 +156,72 @@ def test_the_indexer_topk_sizes_reach_every_launch_variant():
     assert reached == every
 
 
+@pytest.fixture
+def jit_by_size():
+    """A CUDA vendor fp8_einsum whose JIT compiles per B (``jit_per_size``): it records, per run, B
+    and the storage of a, a_scale and out."""
+    from dsv4ops.registry import Backend, register_backend, unregister_backend
+
+    runs = []
+
+    def einsum(a):
+        runs.append((a.a.shape[0], a.a_scale.shape[0], a.out.shape[0],
+                     *(t.untyped_storage().data_ptr() for t in (a.a, a.a_scale, a.out))))
+        return a.out
+
+    backend = register_backend(Backend("jit_by_size", ("cuda",)))
+    backend.implements("fp8_einsum", einsum, priority=1, jit_per_size="its JIT picks a kernel per M")
+    yield runs
+    unregister_backend("jit_by_size")
+
+
+def test_a_vendor_jit_per_size_runs_at_every_size_on_views_of_one_call(jit_by_size):
+    """Every B in 1..max_tokens exactly once per representative call (both a layouts), each call's
+    a, a_scale and out sliced from one allocation per layout; counted, timed and reported."""
+    import dsv4ops
+
+    limit, reports = 37, []
+    with dsv4ops.simulate_platform("cuda", "sm90"):
+        summary = dsv4ops.warmup(["fp8_einsum"], dims=DIMS, limits=dict(max_tokens=limit), device="cpu",
+                                 backends=["jit_by_size"], progress=lambda *a: reports.append(a))
+    layouts = len(W.representative_calls("fp8_einsum", W.model_dims(**DIMS), W.engine_limits(max_tokens=limit),
+                                         W.Context(None, 32, 4)))
+    assert layouts == 2
+    assert [r[:3] for r in jit_by_size] == [(n, n, n) for _ in range(layouts) for n in range(1, limit + 1)]
+    for i in range(layouts):                                   # one allocation per tensor and layout
+        storages = {r[3:] for r in jit_by_size[i * limit:(i + 1) * limit]}
+        assert len(storages) == 1
+    assert len({r[3:] for r in jit_by_size}) == layouts
+    op = summary.ops[0]
+    assert (op.op, op.vendor_calls, op.backends, op.skipped) == ("fp8_einsum", layouts * limit, {"jit_by_size"}, [])
+    assert op.seconds > 0
+    assert reports[-1][0] == reports[-1][1] == layouts + layouts * limit      # the calls, then every size
+    assert all(text.endswith(f"every size up to {limit})") for done, _, text in reports if done > layouts)
+
+
+def test_grown_keeps_the_layout_and_repeats_the_rows():
+    """The largest call has each leading tensor's dimension order (a group-major ``a`` stays
+    group-major) and the call's rows repeated; ``at_size`` cuts views of it."""
+    import torch
+
+    from dsv4ops.ops import OPS
+
+    spec = OPS["fp8_einsum"].spec
+    gen = torch.Generator().manual_seed(3)
+    call = OPS["fp8_einsum"].validate_call(**spec.conformance.inputs("cpu", gen, B=3, H=2, D=128, R=256,
+                                                                     group_major=True, out=True))
+    big = W.grown("fp8_einsum", call.args, 8)
+    assert big.a.shape == (8, 2, 256) and big.a.stride() == (256, 8 * 256, 1)
+    assert big.b is call.args.b and big.b_scale is call.args.b_scale
+    assert big.out.shape == (8, 2, 128) and big.out.is_contiguous()
+    rows = torch.arange(8) % 3
+    assert torch.equal(big.a.view(torch.uint8), call.args.a.view(torch.uint8)[rows])
+    assert torch.equal(big.a_scale, call.args.a_scale[rows])
+    cut = spec.at_size(big, 5)
+    assert cut.a.shape[0] == cut.a_scale.shape[0] == cut.out.shape[0] == 5
+    assert cut.a.data_ptr() == big.a.data_ptr() and cut.out.data_ptr() == big.out.data_ptr()
+
+
 def test_presets_and_limits_are_checked():
     assert W.model_dims("v4-pro", 2).heads == 64
     assert W.model_dims("v4-flash", 1, heads=32).heads == 32

@@ -226,5 +226,6 @@ SPEC = OpSpec(
         sweep=tuple(dict(B=B, H=8, D=1024, R=4096) for B in (1, 32, 128, 512, 2048)),
         matrix="fp8",
     ),
+    leading=("a", "a_scale", "out"),
 )
 OP = define(SPEC)
