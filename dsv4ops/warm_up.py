@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import jit_monitor, registry, shapes
+from . import formats, jit_monitor, registry, shapes
 from .backend_support import triton_interpreter_enabled
 from .errors import Dsv4opsError, InputError, UnsupportedError
 from .ops import OP_NAMES, OPS
+from .ops.candidate_blocks import CANDIDATE_BLOCK, CANDIDATE_BLOCKS
 from .platform import default_device, multiprocessors, platform
 
 PRESETS = {"v4-flash": "flash", "v4-pro": "pro"}
@@ -38,9 +39,6 @@ TP_DEGREES = (1, 2, 4, 8)
 PARTS = {"mqa_topk": ("mqa_logits", "indexer_topk"), "paged_mqa_topk": ("paged_mqa_logits", "indexer_topk")}
 TOPK_MODES = ("ranges", "decode1d", "decode2d")
 PROGRESS_STEP = 256                     # sizes of a per-size vendor run between progress reports
-# The two-level indexer's ops (DeepSeek-V4.1): their sizes are not yet do_not_specialize and their
-# variants not enumerated; the warm-up compiles their typical call's only.
-NOT_ENUMERATED = ("candidate_blocks", "paged_sparse_mqa_logits", "sparse_mqa_logits")
 
 
 @dataclass(frozen=True)
@@ -54,6 +52,9 @@ class ModelDims:
     window: int = shapes.WINDOW         # sliding-window selections per token
     o_lora_rank: int = shapes.O_LORA_RANK   # fp8_einsum's D
     o_group_k: int = shapes.O_GROUP_K       # fp8_einsum's R
+    v41_index_heads: int = shapes.V41_INDEX_HEADS   # the two-level indexer's heads (V4.1)
+    candidate_block: int = CANDIDATE_BLOCK      # positions per candidate block (candidate_blocks' sparse_block)
+    candidate_blocks: int = CANDIDATE_BLOCKS    # candidate blocks per row (candidate_blocks' num_blocks)
 
 
 def model_dims(preset: str = "v4-flash", tp: int = 1, **overrides) -> ModelDims:
@@ -81,6 +82,7 @@ class Limits:
     c128_block: int = shapes.C128_BLOCK  # page size (compressed tokens) of the C128 cache
     layouts: tuple[str, ...] = ("fp8_ds_mla",)   # attention cache layouts
     topk_modes: tuple[str, ...] = TOPK_MODES      # how indexer_topk gets its rows (indexer_topk's modes)
+    index_layouts: tuple[str, ...] = tuple(formats.INDEX_LAYOUTS)   # indexer key caches (two-level ops)
 
     @property
     def index_width(self) -> int:
@@ -98,6 +100,9 @@ def engine_limits(**values) -> Limits:
     bad = [m for m in lim.topk_modes if m not in TOPK_MODES]
     if bad:
         raise InputError(f"limits: topk_modes {bad} unknown; expected some of {', '.join(TOPK_MODES)}")
+    bad = [x for x in lim.index_layouts if x not in formats.INDEX_LAYOUTS]
+    if bad:
+        raise InputError(f"limits: index_layouts {bad} unknown; expected some of {', '.join(formats.INDEX_LAYOUTS)}")
     return lim
 
 
@@ -157,8 +162,6 @@ def representative_calls(op: str, dims: ModelDims, lim: Limits, ctx: Context) ->
     Triton variant ``op`` can meet within ``lim`` (composite ops: one small call; their kernels'
     variants are their parts')."""
     heads, layouts = dims.heads, lim.layouts
-    if op in NOT_ENUMERATED:
-        return [dict(OPS[op].spec.conformance.typical)]
     if op == "qnorm_rope_kv_insert":
         return [dict(T=2, H=heads, layout=lay, block_size=lim.swa_block) for lay in layouts]
     if op in ("sparse_mla_decode", "sparse_mla_prefill"):
@@ -193,6 +196,18 @@ def representative_calls(op: str, dims: ModelDims, lim: Limits, ctx: Context) ->
         kinds += [(lay, 128, lim.c128_block) for lay in layouts if lay == "fp8_ds_mla"]
         kinds.append(("index_fp8", 4, lim.c4_block))
         return [dict(layout=lay, ratio=r, block_size=bs, reqs=((0, r),)) for lay, r, bs in kinds]
+    # The two-level indexer (V4.1): its widths, rows, pitches and bounds' addresses are not specialized,
+    # so its variants are the row forms, key layouts, length forms and the clean flag.
+    blocks = dict(sparse_block=dims.candidate_block, num_blocks=dims.candidate_blocks)
+    if op == "candidate_blocks":
+        return [dict(R=step, W=2 * dims.candidate_block, mode=mode, next_n=step, **blocks)
+                for mode in lim.topk_modes for step in (1 if mode == "ranges" else lim.next_n,)]
+    if op == "sparse_mqa_logits":
+        return [dict(T=4, S=4 * dims.candidate_block, H=dims.v41_index_heads, clean=c, **blocks) for c in (False, True)]
+    if op == "paged_sparse_mqa_logits":
+        return [dict(B=1, next_n=lim.next_n, context=2 * lim.c4_block, H=dims.v41_index_heads, block_size=lim.c4_block,
+                     layout=lay, lens_dim=d, clean=c, **blocks)
+                for lay in lim.index_layouts for d in (1, 2) for c in (False, True)]
     if op == "mqa_topk":
         return [dict(T=4, S=256, H=dims.index_heads, topk=min(64, dims.index_topk))]
     if op == "paged_mqa_topk":
@@ -400,13 +415,7 @@ def warmup(ops=None, *, model: str = "v4-flash", tp: int = 1, dims: dict | None 
         for done, (op, params) in enumerate(work, 1):
             current[0] = op
             t0 = time.perf_counter()
-            try:
-                call = OPS[op].validate_call(**OPS[op].spec.conformance.inputs(device, gen, **params))
-            except InputError as exc:
-                if op not in NOT_ENUMERATED:
-                    raise
-                per_op[op].skipped.append(("every backend", f"its typical call does not build: {exc}"))
-                continue
+            call = OPS[op].validate_call(**OPS[op].spec.conformance.inputs(device, gen, **params))
             per_op[op].calls += 1
             for impl in registry.implementations(op):
                 if impl.backend.name not in chosen:

@@ -33,7 +33,8 @@ def _row_range(starts_ptr, ends_ptr, lens_ptr, r, next_n, stride_s, stride_e, st
     return start, n
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["nb", "stride_r"],
+            do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
 def _block_keys_kernel(logits_ptr, starts_ptr, ends_ptr, lens_ptr, keys_ptr, next_n, block, nb,
                        stride_r, stride_c, stride_s, stride_e, stride_l0, stride_l1,
                        RANGED: tl.constexpr, LENS_2D: tl.constexpr, BLOCK_PAD: tl.constexpr, TILE: tl.constexpr):
@@ -68,7 +69,7 @@ def _count_at_least(keys_ptr, r, nb, threshold, TILE: tl.constexpr):
     return total
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["nb"])
 def _select_kernel(keys_ptr, out_ptr, counts_ptr, nb, num_blocks, TILE: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     count = tl.minimum(_count_at_least(keys_ptr, r, nb, 1, TILE), num_blocks)   # blocks not dropped, capped
@@ -108,7 +109,7 @@ def candidate_blocks(target: Target, a):
     lens = a.row_starts if ranged else a.seq_lens
     starts, ends = (a.row_starts, a.row_ends) if ranged else (lens, lens)
     lens_2d = not ranged and lens.dim() == 2
-    rows_per_seq = lens.shape[1] if lens_2d else a.next_n
+    rows_per_seq = 1 if ranged else lens.shape[1] if lens_2d else a.next_n     # ranges: unused, one variant
     block_pad = triton.next_power_of_2(a.sparse_block)
     tile = max(1, min(TILE, 4096 // block_pad))
     if nb:

@@ -55,7 +55,7 @@ def _keys(cache_ptr, scale_ptr, table_ptr, req, start, pos, live, block_size, st
     return keys, scale
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_t0"], do_not_specialize_on_alignment=["lens_ptr", "ke_ptr", "table_ptr"])
 def _sparse_mqa_logits_kernel(q_ptr, cache_ptr, scale_ptr, w_ptr, lens_ptr, ke_ptr, table_ptr, blocks_ptr, out_ptr,
                               H, next_n, block_size, sparse_block, width,
                               stride_w0, stride_w1, stride_l0, stride_l1, stride_ke, stride_t0, stride_t1,
