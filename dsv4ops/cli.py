@@ -260,6 +260,8 @@ def cmd_warmup(args) -> int:
         limits["topk_modes"] = tuple(x.strip() for x in args.topk_modes.split(","))
         if not set(limits["topk_modes"]) <= set(TOPK_MODES):
             raise UsageError(f"--topk-modes {args.topk_modes!r}: expected some of {', '.join(TOPK_MODES)}")
+    if args.index_layouts:
+        limits["index_layouts"] = tuple(x.strip() for x in args.index_layouts.split(","))
     out = open_output(args.json, "--json")
     options = dict(model=args.model, tp=args.tp, dims=parse_fields(args.dim, "--dim"), limits=limits, device=device,
                    backends=backend_names, workers=args.workers)
@@ -346,7 +348,7 @@ def main(argv=None) -> int:
     warm.add_argument("--tp", type=int, default=1, choices=(1, 2, 4, 8), help="tensor parallelism (heads per rank)")
     warm.add_argument("--dim", action="append", metavar="NAME=VALUE",
                       help="override a model dimension (heads, o_groups, index_topk, index_heads, window, "
-                           "o_lora_rank, o_group_k); repeatable")
+                           "o_lora_rank, o_group_k, v41_index_heads, candidate_block, candidate_blocks); repeatable")
     warm.add_argument("--max-tokens", type=int, help="tokens per step, prefill chunk or decode rows (default 8192)")
     warm.add_argument("--max-context", type=int, help="tokens of one request's context (default 131072)")
     warm.add_argument("--next-n", type=int, help="rows per decode request, 1 + MTP draft tokens (default 1)")
@@ -355,6 +357,8 @@ def main(argv=None) -> int:
     warm.add_argument("--c128-block", type=int, help="page size of the C128 cache, compressed tokens (default 2)")
     warm.add_argument("--layouts", help="comma-separated attention cache layouts (default fp8_ds_mla)")
     warm.add_argument("--topk-modes", help="indexer_topk row modes: ranges, decode1d, decode2d (default all)")
+    warm.add_argument("--index-layouts", help="indexer key cache layouts of the two-level ops: index_fp8, "
+                                              "index_mxfp4 (default both)")
     warm.add_argument("--device", help="torch device, e.g. cuda:1 (default: the current accelerator)")
     warm.add_argument("--workers", type=int, help="threads compiling Triton variants (default: CPUs, at most 8)")
     warm.add_argument("--json", help="write the summary and every compiled variant to this JSON file")

@@ -20,7 +20,8 @@ from dsv4ops.errors import InputError
 from dsv4ops.ops import OP_NAMES
 
 # fp8_einsum's D and R are fixed per model (V4's are 1024 and 4096); smaller ones keep its CPU inputs small.
-DIMS = dict(o_lora_rank=256, o_group_k=512)
+# candidate_blocks' 2048 blocks per row keep the two-level logits 16K wide; 64 keep them small.
+DIMS = dict(o_lora_rank=256, o_group_k=512, candidate_blocks=64)
 LIMITS = dict(max_tokens=64, max_context=16384, next_n=2)
 
 
@@ -38,6 +39,10 @@ def sweeps(lim: W.Limits, dims: W.ModelDims) -> dict[str, list[dict]]:
     topk = [dict(R=R, W=W_, k=k, mode="ranges") for R in range(1, 41) for W_ in (R * 97 % width + 1, width)]
     topk += [dict(R=4, W=w, k=k, mode=m, next_n=n) for w in range(3000, 3041) for m in ("decode1d", "decode2d")]
     topk += [dict(R=R, W=w, k=k, mode=m, next_n=n) for w in grow for R, m in ((2, "ranges"), (40, "decode2d"))]
+    blocks = dict(sparse_block=dims.candidate_block, num_blocks=dims.candidate_blocks)
+    candidates = [dict(R=R, W=R * 97 % width, mode="ranges", **blocks) for R in range(1, 41)]
+    candidates += [dict(R=R * n, W=w, mode=m, next_n=n, **blocks) for R, w in zip(range(1, 21), range(0, 4000, 191))
+                   for m in ("decode1d", "decode2d")]
     return {
         "qnorm_rope_kv_insert": [dict(T=T, H=H, layout="fp8_ds_mla", block_size=lim.swa_block, num_blocks=2)
                                  for T in range(1, 41)],
@@ -57,6 +62,14 @@ def sweeps(lim: W.Limits, dims: W.ModelDims) -> dict[str, list[dict]]:
         "mqa_topk": [dict(T=T, S=S, H=ih, topk=k) for T, S in zip(range(1, 31), range(k, width + 1, 131))],
         "paged_mqa_topk": [dict(B=B, next_n=n, context=c, H=ih, block_size=lim.c4_block, topk=k)
                            for B, c in zip(range(1, 21), range(600, width + 1, 173))],
+        "candidate_blocks": candidates,
+        "sparse_mqa_logits": [dict(T=T, S=S, H=dims.v41_index_heads, clean=T % 2 == 0, **blocks)
+                              for T, S in zip(range(1, 31), range(0, 4000, 131))],
+        "paged_sparse_mqa_logits": [dict(B=B, next_n=n, context=c, H=dims.v41_index_heads, block_size=lim.c4_block,
+                                         layout=lay, lens_dim=d, clean=cl, **blocks)
+                                    for B, c in zip(range(1, 13), range(1, 2000, 167))
+                                    for lay, d, cl in (("index_fp8", 1, B % 2 == 0), ("index_mxfp4", 2, B % 3 == 0),
+                                                       ("index_fp8", 2, B % 3 == 1), ("index_mxfp4", 1, B % 2 == 1))],
     }
 
 
@@ -104,8 +117,6 @@ def main(argv) -> int:
                     outside |= W.variant_keys(lambda impl=impl, call=call: impl.bound(plat)(call.args))
             warmed = next(o for o in summary.ops if o.op == op)
             report[op] = dict(warmed=warmed.compiled, calls=len(calls), outside=sorted(map(list, outside)))
-    for o in summary.ops:                                  # the ops not swept (W.NOT_ENUMERATED)
-        report.setdefault(o.op, dict(warmed=o.compiled, calls=0, outside=[]))
     report["summary"] = dict(variants=len(summary.variants), seconds=summary.seconds, text=str(summary))
     print("REPORT " + json.dumps(report))
     return 0
@@ -120,14 +131,11 @@ def report():
     return json.loads(line[len("REPORT "):])
 
 
-SWEPT = [op for op in OP_NAMES if op not in W.NOT_ENUMERATED]
+def test_every_op_is_swept():
+    assert set(sweeps(W.engine_limits(**LIMITS), W.model_dims(**DIMS))) == set(OP_NAMES)
 
 
-def test_every_op_is_swept_but_the_ones_warm_up_does_not_enumerate_yet():
-    assert set(sweeps(W.engine_limits(**LIMITS), W.model_dims(**DIMS))) == set(SWEPT)
-
-
-@pytest.mark.parametrize("op", SWEPT)
+@pytest.mark.parametrize("op", OP_NAMES)
 def test_a_sweep_within_the_limits_asks_for_no_variant_outside_the_warmup(report, op):
     got = report[op]
     assert got["calls"] > 0
@@ -140,7 +148,7 @@ SAME_VARIANTS = {"sparse_mla_prefill": "sparse_mla_decode"}
 
 def test_the_warmup_compiled_every_kernel_op(report):
     """Every op with kernels of its own compiled some (the composites' are their parts')."""
-    for op in SWEPT:
+    for op in OP_NAMES:
         assert report[op]["warmed"] > 0 or op in W.PARTS or report[SAME_VARIANTS.get(op, op)]["warmed"] > 0, op
     assert report["summary"]["variants"] == sum(report[op]["warmed"] for op in OP_NAMES)
 

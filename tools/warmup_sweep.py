@@ -4,16 +4,19 @@
 
 On one GPU, with no network: a fresh TRITON_CACHE_DIR (a temporary folder, removed at the end),
 ``dsv4ops.warmup`` for V4-Flash TP1 with these limits, then per op a sweep of shapes within them
-(the issue's table), each call through automatic selection. Counts the Triton compiles after the
-warm-up (``dsv4ops.jit_monitor`` in ``count`` mode, per op and kernel) and the calls slower than
-5 ms (with the same call's second time, so a slow kernel is told from a stall). Prints a summary
-and writes everything to OUT.json; exits 1 if any sweep compiled or stalled.
+(the issue's table; fp8_einsum also at a few hundred B spread up to max_tokens, where DeepGEMM's
+JIT picks its kernel; the two-level indexer's ops at V4.1 sizes), each call through automatic
+selection. Counts the Triton compiles after the warm-up (``dsv4ops.jit_monitor`` in ``count``
+mode, per op and kernel) and the calls slower than 5 ms (with the same call's second time, so a
+slow kernel is told from a stall). Prints a summary and writes everything to OUT.json; exits 1 if
+any sweep compiled or stalled.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -22,11 +25,24 @@ import time
 STALL_MS = 5.0
 
 
-def sweeps(index_topk: int, heads: int, o_groups: int, next_n: int, max_width: int) -> dict[str, list[dict]]:
-    """Builder parameters (each op's conformance inputs) of the issue's sweeps, at V4-Flash TP1 sizes."""
+def einsum_sizes(max_tokens: int, count: int = 300) -> list[int]:
+    """B = 1..20, one B drawn (a fixed seed) from each of ``count`` equal bins of (20, max_tokens], and
+    max_tokens: mostly not powers of two, spread over the range."""
+    rng, lo, span = random.Random(31), 21, max_tokens - 20
+    spread = {rng.randrange(lo + i * span // count, lo + (i + 1) * span // count)
+              for i in range(count) if (i + 1) * span // count > i * span // count}
+    return sorted({*range(1, min(20, max_tokens) + 1), *spread, max_tokens})
+
+
+def sweeps(index_topk: int, heads: int, o_groups: int, next_n: int, max_width: int,
+           max_tokens: int) -> dict[str, list[dict]]:
+    """Builder parameters (each op's conformance inputs) of the issue's sweeps, at V4-Flash TP1 sizes
+    (the two-level indexer's ops: V4.1's heads, candidate blocks and both index key layouts)."""
     from dsv4ops import shapes
+    from dsv4ops.ops.candidate_blocks import CANDIDATE_BLOCK, CANDIDATE_BLOCKS
 
     W_, k, ih = shapes.WINDOW, index_topk, shapes.INDEX_HEADS
+    blocks = dict(sparse_block=CANDIDATE_BLOCK, num_blocks=CANDIDATE_BLOCKS)
     attention = dict(H=heads, topk=W_, layout="fp8_ds_mla", block_size=shapes.SWA_BLOCK, extra_topk=k,
                      extra_block_size=shapes.C4_BLOCK)
     grow = [int(1024 * 1.25 ** i) for i in range(40) if 1024 * 1.25 ** i <= max_width]
@@ -39,7 +55,7 @@ def sweeps(index_topk: int, heads: int, o_groups: int, next_n: int, max_width: i
                              for B, c in zip(range(1, 41), range(256, 4001, 96))],
         "mqa_logits": [dict(T=T, S=S, H=ih) for T, S in zip(range(1, 31), range(64, 4097, 139))],
         "fp8_einsum": [dict(B=B, H=o_groups, D=shapes.O_LORA_RANK, R=shapes.O_GROUP_K, group_major=True)
-                       for B in sorted({*range(1, 21), *range(32, 1025, 53), 1024})],
+                       for B in sorted({*range(32, 1025, 53), *einsum_sizes(max_tokens)})],
         "indexer_topk": ([dict(R=R, W=w, k=k, mode="decode2d", next_n=1)
                           for R, w in zip(range(1, 41), range(1024, 32769, 813))]
                          + [dict(R=4, W=w, k=k, mode="decode2d", next_n=1) for w in range(20000, 20041)]
@@ -50,7 +66,36 @@ def sweeps(index_topk: int, heads: int, o_groups: int, next_n: int, max_width: i
         "mqa_topk": [dict(T=T, S=S, H=ih, topk=k) for T, S in zip(range(1, 31), range(k, 4097, 123))],
         "paged_mqa_topk": [dict(B=B, next_n=next_n, context=c, H=ih, block_size=shapes.C4_BLOCK, topk=k)
                            for B, c in zip(range(1, 41), range(600, 4001, 87))],
+        "candidate_blocks": ([dict(R=R, W=w, mode="ranges", **blocks)
+                              for R, w in zip(range(1, 41), range(1024, 32769, 813))]
+                             + [dict(R=4 * next_n, W=w, mode="decode2d", next_n=next_n, **blocks)
+                                for w in range(20000, 20041)]),
+        "sparse_mqa_logits": [dict(T=T, S=S, H=shapes.V41_INDEX_HEADS, clean=T % 2 == 0, **blocks)
+                              for T, S in zip(range(1, 31), range(64, 4097, 139))],
+        "paged_sparse_mqa_logits": [dict(B=B, next_n=next_n, context=c, H=shapes.V41_INDEX_HEADS,
+                                         block_size=shapes.C4_BLOCK, layout=lay, **blocks)
+                                    for B, c in zip(range(1, 41), range(256, 4001, 96))
+                                    for lay in ("index_fp8", "index_mxfp4")],
     }
+
+
+def sized_calls(op: str, calls: list[dict], device, gen):
+    """Keyword arguments of each call. An op with a leading size (fp8_einsum's B) is built once, small,
+    grown to the sweep's largest B (``warm_up.grown``) and cut per call (``OpSpec.at_size``): building
+    every B up to 8192 on the host would take minutes."""
+    from dsv4ops.ops import OPS
+    from dsv4ops.warm_up import grown
+
+    spec = OPS[op].spec
+    if not spec.leading:
+        for params in calls:
+            yield params, spec.conformance.inputs(device, gen, **params)
+        return
+    largest = max(p["B"] for p in calls)
+    small = OPS[op].validate_call(**spec.conformance.inputs(device, gen, **dict(calls[0], B=min(4, largest))))
+    full = grown(op, small.args, largest)
+    for params in calls:
+        yield params, spec.at_size(full, params["B"])._asdict()
 
 
 def main(argv) -> int:
@@ -96,11 +141,10 @@ def run(args, out, cache: str) -> int:
                   libraries=dict(dsv4ops.platform(device).libraries), limits=limits, warmup_s=warmup_s,
                   warmup_variants=len(summary.variants), cache_dir=cache, sweeps={})
     failed = False
-    for op, calls in sweeps(dims.index_topk, dims.heads, dims.o_groups, args.next_n, width).items():
+    for op, calls in sweeps(dims.index_topk, dims.heads, dims.o_groups, args.next_n, width, args.max_tokens).items():
         before = len(jit_monitor.compiles())
         rows = []
-        for params in calls:
-            kwargs = OPS[op].spec.conformance.inputs(device, gen, **params)
+        for params, kwargs in sized_calls(op, calls, device, gen):
             times = []
             for _ in range(2):
                 torch.cuda.synchronize(device)
