@@ -6,7 +6,7 @@
 # (generic, specialized, generic). From the repo root, on the GPU machine:
 #   bash tools/specialization_cost.sh OUTDIR [OPS]
 set -uo pipefail
-out=${1:?OUTDIR}; ops=${2:-qnorm_rope_kv_insert,sparse_mla_decode,sparse_mla_prefill,paged_mqa_logits,mqa_logits,fp8_einsum,indexer_topk,compress_kv_insert}
+out=${1:?OUTDIR}; ops=${2:-qnorm_rope_kv_insert,sparse_mla_decode,sparse_mla_prefill,paged_mqa_logits,mqa_logits,fp8_einsum,indexer_topk,compress_kv_insert,candidate_blocks,sparse_mqa_logits,paged_sparse_mqa_logits}
 mkdir -p "$out"; repo=$PWD
 rm -rf /tmp/specialized && cp -r "$repo"/. /tmp/specialized
 python3 - /tmp/specialized/backends/triton <<'PY'
