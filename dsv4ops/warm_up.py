@@ -449,15 +449,18 @@ def warmup(ops=None, *, model: str = "v4-flash", tp: int = 1, dims: dict | None 
         for n, args in enumerate(calls, 1):
             try:
                 run(args)
-            except Dsv4opsError as exc:     # an adapter's own refusal of a call (reported, not fatal)
-                per_op[op].skipped.append((impl.name, str(exc)))
-            else:
-                per_op[op].vendor_calls += 1
-                per_op[op].backends.add(impl.name)
+            except Dsv4opsError as exc:     # an adapter's own refusal (reported, not fatal): the run stops
+                per_op[op].skipped.append((impl.name, str(exc) if sizes is None else f"at size {n}: {exc}"))
+                done += (sizes or 1) - n + 1
+                break
+            per_op[op].vendor_calls += 1
+            per_op[op].backends.add(impl.name)
             done += 1
-            if progress is not None and (n % PROGRESS_STEP == 0 or n == (sizes or 1)):
+            if progress is not None and n % PROGRESS_STEP == 0:
                 progress(done, total, text)
         per_op[op].seconds += time.perf_counter() - t0
+        if progress is not None:
+            progress(done, total, text)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return WarmupSummary([per_op[op] for op in per_op], compiled, time.perf_counter() - start, triton_cache_dir(),

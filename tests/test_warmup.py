@@ -166,20 +166,25 @@ def test_the_indexer_topk_sizes_reach_every_launch_variant():
 
 @pytest.fixture
 def jit_by_size():
-    """A CUDA vendor fp8_einsum whose JIT compiles per B (``jit_per_size``): it records, per run, B
-    and the storage of a, a_scale and out."""
+    """A CUDA vendor fp8_einsum whose JIT compiles per B (``jit_per_size``): ``runs`` records, per
+    run, B and the storage of a, a_scale and out; it refuses the B in ``refused``."""
+    from types import SimpleNamespace
+
+    from dsv4ops.errors import UnsupportedError
     from dsv4ops.registry import Backend, register_backend, unregister_backend
 
-    runs = []
+    fake = SimpleNamespace(runs=[], refused=set())
 
     def einsum(a):
-        runs.append((a.a.shape[0], a.a_scale.shape[0], a.out.shape[0],
-                     *(t.untyped_storage().data_ptr() for t in (a.a, a.a_scale, a.out))))
+        if a.a.shape[0] in fake.refused:
+            raise UnsupportedError(f"B={a.a.shape[0]} refused")
+        fake.runs.append((a.a.shape[0], a.a_scale.shape[0], a.out.shape[0],
+                          *(t.untyped_storage().data_ptr() for t in (a.a, a.a_scale, a.out))))
         return a.out
 
     backend = register_backend(Backend("jit_by_size", ("cuda",)))
     backend.implements("fp8_einsum", einsum, priority=1, jit_per_size="its JIT picks a kernel per M")
-    yield runs
+    yield fake
     unregister_backend("jit_by_size")
 
 
@@ -188,23 +193,35 @@ def test_a_vendor_jit_per_size_runs_at_every_size_on_views_of_one_call(jit_by_si
     a, a_scale and out sliced from one allocation per layout; counted, timed and reported."""
     import dsv4ops
 
-    limit, reports = 37, []
+    runs, limit, reports = jit_by_size.runs, 37, []
     with dsv4ops.simulate_platform("cuda", "sm90"):
         summary = dsv4ops.warmup(["fp8_einsum"], dims=DIMS, limits=dict(max_tokens=limit), device="cpu",
                                  backends=["jit_by_size"], progress=lambda *a: reports.append(a))
     layouts = len(W.representative_calls("fp8_einsum", W.model_dims(**DIMS), W.engine_limits(max_tokens=limit),
                                          W.Context(None, 32, 4)))
     assert layouts == 2
-    assert [r[:3] for r in jit_by_size] == [(n, n, n) for _ in range(layouts) for n in range(1, limit + 1)]
+    assert [r[:3] for r in runs] == [(n, n, n) for _ in range(layouts) for n in range(1, limit + 1)]
     for i in range(layouts):                                   # one allocation per tensor and layout
-        storages = {r[3:] for r in jit_by_size[i * limit:(i + 1) * limit]}
+        storages = {r[3:] for r in runs[i * limit:(i + 1) * limit]}
         assert len(storages) == 1
-    assert len({r[3:] for r in jit_by_size}) == layouts
+    assert len({r[3:] for r in runs}) == layouts
     op = summary.ops[0]
     assert (op.op, op.vendor_calls, op.backends, op.skipped) == ("fp8_einsum", layouts * limit, {"jit_by_size"}, [])
     assert op.seconds > 0
     assert reports[-1][0] == reports[-1][1] == layouts + layouts * limit      # the calls, then every size
     assert all(text.endswith(f"every size up to {limit})") for done, _, text in reports if done > layouts)
+
+
+def test_a_refusal_stops_that_run_and_is_reported(jit_by_size):
+    import dsv4ops
+
+    jit_by_size.refused.add(6)
+    with dsv4ops.simulate_platform("cuda", "sm90"):
+        summary = dsv4ops.warmup(["fp8_einsum"], dims=DIMS, limits=dict(max_tokens=9), device="cpu",
+                                 backends=["jit_by_size"])
+    assert [r[0] for r in jit_by_size.runs] == [1, 2, 3, 4, 5] * 2
+    assert summary.ops[0].vendor_calls == 10
+    assert summary.ops[0].skipped == [("jit_by_size", "at size 6: B=6 refused")] * 2
 
 
 def test_grown_keeps_the_layout_and_repeats_the_rows():
