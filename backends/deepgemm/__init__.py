@@ -164,5 +164,5 @@ BACKEND.implements("mqa_logits", "dsv4ops.backends.deepgemm.ops:mqa_logits",
                    supports=all_of(_SM100_LOGITS, fp8_on_sm90, mqa_logits_shapes, one_device_per_process))
 BACKEND.implements("fp8_einsum", "dsv4ops.backends.deepgemm.ops:fp8_einsum",
                    supports=all_of(einsum_recipe, einsum_bf16_out, one_device_per_process),
-                   jit_per_size="DeepGEMM's JIT picks the kernel configuration (block sizes, stages, multicast) "
+                   jit_per_size="DeepGEMM's JIT picks its kernel configuration (block sizes among others) "
                                 "from the GEMM's M dimension, the call's B")
