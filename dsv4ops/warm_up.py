@@ -196,11 +196,12 @@ def representative_calls(op: str, dims: ModelDims, lim: Limits, ctx: Context) ->
         kinds += [(lay, 128, lim.c128_block) for lay in layouts if lay == "fp8_ds_mla"]
         kinds.append(("index_fp8", 4, lim.c4_block))
         return [dict(layout=lay, ratio=r, block_size=bs, reqs=((0, r),)) for lay, r, bs in kinds]
-    # The two-level indexer (V4.1): its widths, rows, pitches and bounds' addresses are not specialized,
-    # so its variants are the row forms, key layouts, length forms and the clean flag.
+    # The two-level indexer (V4.1): its widths, rows, table pitches and bounds' addresses are not
+    # specialized, so its variants are the row forms, key layouts, length forms and the clean flag,
+    # and candidate_blocks' logits row pitch W: 1, a multiple of 16 or neither (Triton's classes).
     blocks = dict(sparse_block=dims.candidate_block, num_blocks=dims.candidate_blocks)
     if op == "candidate_blocks":
-        return [dict(R=step, W=2 * dims.candidate_block, mode=mode, next_n=step, **blocks)
+        return [dict(R=step, W=W, mode=mode, next_n=step, **blocks) for W in (1, 16, 17)
                 for mode in lim.topk_modes for step in (1 if mode == "ranges" else lim.next_n,)]
     if op == "sparse_mqa_logits":
         return [dict(T=4, S=4 * dims.candidate_block, H=dims.v41_index_heads, clean=c, **blocks) for c in (False, True)]

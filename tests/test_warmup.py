@@ -41,6 +41,7 @@ def sweeps(lim: W.Limits, dims: W.ModelDims) -> dict[str, list[dict]]:
     topk += [dict(R=R, W=w, k=k, mode=m, next_n=n) for w in grow for R, m in ((2, "ranges"), (40, "decode2d"))]
     blocks = dict(sparse_block=dims.candidate_block, num_blocks=dims.candidate_blocks)
     candidates = [dict(R=R, W=R * 97 % width, mode="ranges", **blocks) for R in range(1, 41)]
+    candidates += [dict(R=R, W=1, mode="ranges", **blocks) for R in (1, 3)]
     candidates += [dict(R=R * n, W=w, mode=m, next_n=n, **blocks) for R, w in zip(range(1, 21), range(0, 4000, 191))
                    for m in ("decode1d", "decode2d")]
     return {
