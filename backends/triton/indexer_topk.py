@@ -11,7 +11,12 @@ column order), then -1 up to k. Two ways to find the k-th largest key, chosen at
 A row is split into pieces, one program each, when it is longer than a resident block or when
 there are too few rows to fill the GPU; each piece keeps its k largest columns (stage 1: the row's
 top-k is inside the union of the pieces' top-k), and a second program per row selects from those
-candidates (stage 2), gathering their logits. Output columns are row-local (``column - row_start``).
+candidates (stage 2), gathering their logits (``topk_algo=split``). With ``topk_algo=radix`` a split
+row is selected as a whole instead: (row, piece) programs read their piece three times (once from
+memory, then from L2) and add 8-bit histograms of the top key bits into per-row counters, pass by
+pass, until the threshold's top 16 bits are known; the last pass writes the columns above them and
+lists those sharing them, and one program per row selects the rest of the k from that short list.
+Output columns are row-local (``column - row_start``).
 """
 from __future__ import annotations
 
