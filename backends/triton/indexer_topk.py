@@ -11,7 +11,12 @@ column order), then -1 up to k. Two ways to find the k-th largest key, chosen at
 A row is split into pieces, one program each, when it is longer than a resident block or when
 there are too few rows to fill the GPU; each piece keeps its k largest columns (stage 1: the row's
 top-k is inside the union of the pieces' top-k), and a second program per row selects from those
-candidates (stage 2), gathering their logits. Output columns are row-local (``column - row_start``).
+candidates (stage 2), gathering their logits (``topk_algo=split``). With ``topk_algo=radix`` a split
+row is selected as a whole instead: (row, piece) programs read their piece three times (once from
+memory, then from L2) and add 8-bit histograms of the top key bits into per-row counters, pass by
+pass, until the threshold's top 16 bits are known; the last pass writes the columns above them and
+lists those sharing them, and one program per row selects the rest of the k from that short list.
+Output columns are row-local (``column - row_start``).
 """
 from __future__ import annotations
 
@@ -136,6 +141,71 @@ def _kth_largest(key, k):
     return tl.where(want > 0, lo, 0xFFFFFFFF).to(tl.uint32), want
 
 
+@triton.jit
+def _select_resident(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER: tl.constexpr, BLOCK: tl.constexpr):
+    """Writes the k largest of the positions [lo, hi) (hi - lo <= BLOCK) to ``dst`` as ``column -
+    base``, ties as many as fill k; the keys stay in registers. Returns how many it wrote."""
+    col, live, key = _candidates(src, stride_c, cand_row, lo + tl.arange(0, BLOCK), lo, hi, GATHER)
+    key = tl.where(live, tl.maximum(key, 1), 0)     # 0: dead (keys 0 and 1 are both -NaN)
+    threshold, want = _kth_largest(key, k)
+    above = key > threshold
+    tie = key == threshold
+    # One scan for both slot sequences: above in the low 16 bits, ties in the high (BLOCK <= 32768).
+    both = above.to(tl.int32) + (tie.to(tl.int32) << 16)
+    written = tl.sum(both, axis=0) & 0xFFFF
+    slots = tl.cumsum(both, axis=0) - both          # exclusive: (ties before) << 16 | (above before)
+    rank = slots >> 16
+    tl.store(dst + tl.where(above, slots & 0xFFFF, written + rank), (col - base).to(tl.int32),
+             mask=above | (tie & (rank < want - written)))
+    return want
+
+
+@triton.jit
+def _select_streamed(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER: tl.constexpr, BLOCK: tl.constexpr):
+    """As ``_select_resident`` for any number of positions, block by block: 4 passes of an 8-bit
+    histogram find the k-th largest key, then one pass writes the keys above it, one the ties."""
+    prefix = tl.zeros((), tl.uint32)
+    remaining = 0
+    want = 0
+    for p in range(4):                           # most significant byte first
+        shift = 24 - 8 * p
+        hist = tl.zeros((256,), tl.int32)
+        for c0 in range(lo, hi, BLOCK):
+            col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
+            if p > 0:
+                live = live & ((key >> (shift + 8)) == prefix)
+            hist += tl.histogram(((key >> shift) & 0xFF).to(tl.int32), 256, mask=live)
+        if p == 0:
+            want = tl.minimum(tl.sum(hist, axis=0), k)     # valid positions, at most k
+            remaining = want
+        chosen, remaining = _next_digit(hist, remaining, 256)
+        prefix = (prefix << 8) | chosen.to(tl.uint32)
+    # prefix is the want-th largest key; `remaining` ties with it are still to be taken.
+    written = 0
+    for c0 in range(lo, hi, BLOCK):
+        col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
+        above = live & (key > prefix) & (want > 0)
+        pos = written + tl.cumsum(above.to(tl.int32), axis=0) - 1
+        tl.store(dst + pos, (col - base).to(tl.int32), mask=above)
+        written += tl.sum(above.to(tl.int32), axis=0)
+    ties = 0
+    for c0 in range(lo, hi, BLOCK):
+        col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
+        tie = live & (key == prefix) & (want > 0)
+        rank = ties + tl.cumsum(tie.to(tl.int32), axis=0) - 1
+        tl.store(dst + written + rank, (col - base).to(tl.int32), mask=tie & (rank < remaining))
+        ties += tl.sum(tie.to(tl.int32), axis=0)
+    return want
+
+
+@triton.jit
+def _pad(dst, want, k, BLOCK: tl.constexpr):
+    """-1 in ``dst[want:k]``."""
+    for c0 in range(0, k, BLOCK):
+        c = c0 + tl.arange(0, BLOCK)
+        tl.store(dst + c, tl.full((BLOCK,), -1, tl.int32), mask=(c >= want) & (c < k))
+
+
 # The row bounds are scalar loads: their addresses' alignment is not specialized. The integers are:
 # Triton's divisibility-by-16 of the row pitch (``stride_r``) lets a program load its row in 16-byte
 # vectors (1.39x faster at 128 x 32768 on the H100, docs/perf/README.md); the piece length and the
@@ -160,55 +230,106 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
         hi = tl.minimum(end, lo + chunk)
     base = start if LOCAL else 0                 # written column = column - base
     dst = out_ptr + row * out_stride + part * k
-
     if RESIDENT:                                 # hi - lo <= BLOCK: one load, selection in registers
-        col, live, key = _candidates(src, stride_c, cand_row, lo + tl.arange(0, BLOCK), lo, hi, GATHER)
-        key = tl.where(live, tl.maximum(key, 1), 0)     # 0: dead (keys 0 and 1 are both -NaN)
-        threshold, want = _kth_largest(key, k)
-        above = key > threshold
-        tie = key == threshold
-        # One scan for both slot sequences: above in the low 16 bits, ties in the high (BLOCK <= 32768).
-        both = above.to(tl.int32) + (tie.to(tl.int32) << 16)
-        written = tl.sum(both, axis=0) & 0xFFFF
-        slots = tl.cumsum(both, axis=0) - both          # exclusive: (ties before) << 16 | (above before)
-        rank = slots >> 16
-        tl.store(dst + tl.where(above, slots & 0xFFFF, written + rank), (col - base).to(tl.int32),
-                 mask=above | (tie & (rank < want - written)))
+        want = _select_resident(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER, BLOCK)
     else:
-        prefix = tl.zeros((), tl.uint32)
-        remaining = 0
-        want = 0
-        for p in range(4):                           # most significant byte first
-            shift = 24 - 8 * p
-            hist = tl.zeros((256,), tl.int32)
-            for c0 in range(lo, hi, BLOCK):
-                col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
-                if p > 0:
-                    live = live & ((key >> (shift + 8)) == prefix)
-                hist += tl.histogram(((key >> shift) & 0xFF).to(tl.int32), 256, mask=live)
-            if p == 0:
-                want = tl.minimum(tl.sum(hist, axis=0), k)     # valid positions, at most k
-                remaining = want
-            chosen, remaining = _next_digit(hist, remaining, 256)
-            prefix = (prefix << 8) | chosen.to(tl.uint32)
-        # prefix is the want-th largest key; `remaining` ties with it are still to be taken.
-        written = 0
-        for c0 in range(lo, hi, BLOCK):
-            col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
-            above = live & (key > prefix) & (want > 0)
-            pos = written + tl.cumsum(above.to(tl.int32), axis=0) - 1
-            tl.store(dst + pos, (col - base).to(tl.int32), mask=above)
-            written += tl.sum(above.to(tl.int32), axis=0)
-        ties = 0
-        for c0 in range(lo, hi, BLOCK):
-            col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
-            tie = live & (key == prefix) & (want > 0)
-            rank = ties + tl.cumsum(tie.to(tl.int32), axis=0) - 1
-            tl.store(dst + written + rank, (col - base).to(tl.int32), mask=tie & (rank < remaining))
-            ties += tl.sum(tie.to(tl.int32), axis=0)
-    for c0 in range(0, k, BLOCK):
-        c = c0 + tl.arange(0, BLOCK)
-        tl.store(dst + c, tl.full((BLOCK,), -1, tl.int32), mask=(c >= want) & (c < k))
+        want = _select_streamed(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER, BLOCK)
+    _pad(dst, want, k, BLOCK)
+
+
+# Radix path (``topk_algo=radix``). Per row, zeroed before the first pass: two 256-bin histograms,
+# of key bits 31-24 and of bits 23-16 among the keys in the chosen top bin (summed over the pieces by
+# atomics). Per (row, piece), written by pass 1: its own second histogram and its count of keys above
+# the chosen top bin, from which each piece's output and candidate slots follow in piece order.
+_HIST1, _HIST2, _WS = tl.constexpr(0), tl.constexpr(256), tl.constexpr(512)     # per row
+_PIECE = tl.constexpr(257)                                                        # per (row, piece)
+
+
+@triton.jit
+def _radix_want(ws, k):
+    """min(k, the row's valid columns), from its first histogram."""
+    return tl.minimum(tl.sum(tl.load(ws + _HIST1 + tl.arange(0, 256)), axis=0), k)
+
+
+@triton.jit
+def _radix_prefix(ws, k, DIGITS: tl.constexpr):
+    """From a row's histograms: the top ``8 * DIGITS`` bits of its min(k, valid columns)-th largest
+    key (DIGITS 1 or 2), and how many of the k are still to be found among the keys sharing them."""
+    bins = tl.arange(0, 256)
+    prefix, remaining = _next_digit(tl.load(ws + _HIST1 + bins), _radix_want(ws, k), 256)
+    if DIGITS == 2:
+        second, remaining = _next_digit(tl.load(ws + _HIST2 + bins), remaining, 256)
+        prefix = (prefix << 8) | second
+    return prefix.to(tl.uint32), remaining
+
+
+@triton.jit(do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
+def _radix_pass_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n,
+                       ws_ptr, piece_ptr, cand_ptr, out_ptr, out_stride, k, chunk,
+                       MODE: tl.constexpr, PASS: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (row, piece) over the row's columns [start + piece * chunk, + chunk) (chunk <= BLOCK),
+    read once. PASS 0: histogram of key bits 31-24; 1: of bits 23-16 among the keys in the chosen
+    top bin (the row's and the piece's own), and the piece's count above that bin; 2: the columns
+    whose top 16 bits are above the chosen 16-bit prefix go to the output, those equal to it to the
+    candidate list (its first ``CAP`` slots), each after the earlier pieces' (column order)."""
+    row = tl.program_id(0).to(tl.int64)
+    part = tl.program_id(1)
+    start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
+    lo = start + part * chunk
+    hi = tl.minimum(end, lo + chunk)
+    src = logits_ptr + row * stride_r
+    ws = ws_ptr + row * _WS
+    pieces = piece_ptr + row * tl.num_programs(1) * _PIECE
+    col, live, key = _candidates(src, stride_c, src, lo + tl.arange(0, BLOCK), lo, hi, False)
+    bins = tl.arange(0, 256)
+    if PASS == 0:
+        hist = tl.histogram((key >> 24).to(tl.int32), 256, mask=live)
+        tl.atomic_add(ws + _HIST1 + bins, hist, mask=hist > 0, sem="relaxed")
+    elif PASS == 1:
+        top, _ = _radix_prefix(ws, k, 1)
+        hist = tl.histogram(((key >> 16) & 0xFF).to(tl.int32), 256, mask=live & ((key >> 24) == top))
+        tl.atomic_add(ws + _HIST2 + bins, hist, mask=hist > 0, sem="relaxed")
+        tl.store(pieces + part * _PIECE + bins, hist)
+        tl.store(pieces + part * _PIECE + 256, tl.sum((live & ((key >> 24) > top)).to(tl.int32), axis=0))
+    else:
+        prefix, _ = _radix_prefix(ws, k, 2)
+        second = (prefix & 0xFF).to(tl.int32)
+        above_before = 0
+        tied_before = 0
+        for q in range(part):                 # the earlier pieces' slots
+            hist = tl.load(pieces + q * _PIECE + bins)
+            above_before += tl.load(pieces + q * _PIECE + 256) + tl.sum(tl.where(bins > second, hist, 0), axis=0)
+            tied_before += tl.sum(tl.where(bins == second, hist, 0), axis=0)
+        above = live & ((key >> 16) > prefix)
+        tied = live & ((key >> 16) == prefix)
+        slot = above_before + tl.cumsum(above.to(tl.int32), axis=0) - 1
+        tl.store(out_ptr + row * out_stride + slot, (col - start).to(tl.int32), mask=above)
+        slot = tied_before + tl.cumsum(tied.to(tl.int32), axis=0) - 1
+        tl.store(cand_ptr + row * CAP + slot, col.to(tl.int32), mask=tied & (slot < CAP))
+
+
+@triton.jit(do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
+def _radix_finish_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n,
+                         ws_ptr, cand_ptr, out_ptr, out_stride, k,
+                         MODE: tl.constexpr, CAP: tl.constexpr):
+    """Program per row, after the passes: the columns above the prefix are in the output; the rest
+    of the row's k are the largest of the candidates (those sharing the prefix, in column order),
+    selected in registers; when more than ``CAP`` columns share the prefix (long runs of equal keys),
+    the whole row is selected again by streaming (``_select_streamed``). Then -1 up to k."""
+    row = tl.program_id(0).to(tl.int64)
+    start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
+    src = logits_ptr + row * stride_r
+    ws = ws_ptr + row * _WS
+    dst = out_ptr + row * out_stride
+    want = _radix_want(ws, k)
+    prefix, remaining = _radix_prefix(ws, k, 2)
+    tied = tl.load(ws + _HIST2 + (prefix & 0xFF).to(tl.int32))
+    if tied <= CAP:
+        _select_resident(src, stride_c, cand_ptr + row * CAP, 0, tied, remaining, start, dst + want - remaining,
+                         True, CAP)
+    else:
+        _select_streamed(src, stride_c, src, start, end, k, start, dst, False, CAP)
+    _pad(dst, want, k, CAP)
 
 
 def indexer_topk(target: Target, a):
@@ -226,10 +347,14 @@ def indexer_topk(target: Target, a):
         next_n = a.seq_lens.shape[1] if two_d else a.next_n
         strides = (a.seq_lens.stride(0), a.seq_lens.stride(1) if two_d else 0)
     rows = (a.logits, a.logits.stride(0), a.logits.stride(1), starts, ends, lens, *strides, next_n)
-    pieces, piece = _split(R, W, a.k, tune, multiprocessors(a.logits.device))
+    sms = multiprocessors(a.logits.device)
+    pieces, piece = _split(R, W, a.k, tune, sms)
     launch = functools.partial(_launch, rows, mode, tune, target.warp_lanes, a.k)
     if pieces == 1:                              # one program per row (its one piece: the whole row)
         launch((R, 1), out, 0, 0, out, a.k, _round16(W), W, gather=False, local=True)
+        return out
+    if tune.topk_algo == "radix":
+        _radix(rows, mode, tune, target.warp_lanes, a.k, R, W, sms, out)
         return out
     n_cand = pieces * a.k                        # stage 1: each piece's k largest columns
     cand = torch.empty(R, _round16(n_cand), dtype=torch.int32, device=a.logits.device)
@@ -242,13 +367,20 @@ def _round16(n: int) -> int:
     return -(-n // 16) * 16
 
 
+def _pieces(R: int, W: int, longest: int, shortest: int, sms: int) -> int:
+    """Pieces a row of W columns is split into: none longer than ``longest``, and more when R rows
+    do not fill the multiprocessors, none shorter than ``shortest``."""
+    pieces = triton.cdiv(W, longest)
+    if R < sms:
+        pieces = max(pieces, min(triton.cdiv(sms, R), W // shortest))
+    return max(pieces, 1)
+
+
 def _split(R: int, W: int, k: int, tune, sms: int) -> tuple[int, int]:
     """(pieces per row, columns per piece): enough pieces that each fits a resident block and that
     R * pieces fills the multiprocessors, none shorter than ``topk_min_piece`` or 2k."""
-    pieces = triton.cdiv(W, tune.topk_resident)
-    if R < sms:
-        pieces = max(pieces, min(triton.cdiv(sms, R), W // max(tune.topk_min_piece, 2 * k)))
-    if pieces <= 1:
+    pieces = _pieces(R, W, tune.topk_resident, max(tune.topk_min_piece, 2 * k), sms)
+    if pieces == 1:
         return 1, W
     return pieces, _round16(max(triton.cdiv(W, pieces), k))
 
@@ -276,13 +408,24 @@ def pitch_class(stride: int) -> int:
 def launch_variants(R: int, W: int, k: int, tune, lanes: int, sms: int) -> tuple[tuple, ...]:
     """The compile-time choices of a call with R contiguous rows of width W: (GATHER, LOCAL,
     RESIDENT, BLOCK, warps, row pitch class) per launch (one launch, or the pieces' and the
-    candidates' selections)."""
+    candidates' selections); with ``topk_algo=radix``, split rows take the radix launches instead
+    (``radix_variants``)."""
     pieces, piece = _split(R, W, k, tune, sms)
     pitch = pitch_class(W)
     if pieces == 1:
         return ((False, True, *launch_variant(W, tune, lanes), pitch),)
+    if tune.topk_algo == "radix":
+        return radix_variants(tune, lanes, pitch)
     return ((False, False, *launch_variant(piece, tune, lanes), pitch),
             (True, True, *launch_variant(pieces * k, tune, lanes), pitch))
+
+
+def radix_variants(tune, lanes: int, pitch: int) -> tuple[tuple, ...]:
+    """The radix path's launches: ("radix", PASS, BLOCK, CAP, warps, row pitch class) for passes
+    0-2 and the finish (PASS 3); besides the row pitch they depend on the tunables only."""
+    cap = tune.topk_radix_cap
+    passes = tuple(("radix", p, tune.topk_radix_piece, cap, tune.topk_radix_warps, pitch) for p in range(3))
+    return passes + (("radix", 3, cap, cap, resident_warps(cap, tune.topk_keys_per_thread, lanes), pitch),)
 
 
 def _launch(rows, mode, tune, lanes, k, grid, cand, cand_stride, n_cand, out, out_stride, chunk, span, *, gather,
@@ -291,3 +434,20 @@ def _launch(rows, mode, tune, lanes, k, grid, cand, cand_stride, n_cand, out, ou
     resident, block, warps = launch_variant(span, tune, lanes)
     _indexer_topk_kernel[grid](*rows, cand, cand_stride, n_cand, out, out_stride, k, chunk, MODE=mode, GATHER=gather,
                                LOCAL=local, BLOCK=block, RESIDENT=resident, num_warps=warps)
+
+
+def _radix(rows, mode, tune, lanes, k, R, W, sms, out):
+    """The radix path: three launches over (row, piece) programs, pieces of at most
+    ``topk_radix_piece`` columns (more when rows are few, none under ``topk_min_piece``), each
+    reading its piece once, then one program per row (``radix_variants``). Workspace: int32
+    [R, 512] zeroed, [R, pieces, 257] and [R, topk_radix_cap] candidate columns."""
+    pieces = _pieces(R, W, tune.topk_radix_piece, tune.topk_min_piece, sms)
+    ws = torch.zeros(R, _WS.value, dtype=torch.int32, device=out.device)
+    per_piece = torch.empty(R, pieces, _PIECE.value, dtype=torch.int32, device=out.device)
+    cand = torch.empty(R, tune.topk_radix_cap, dtype=torch.int32, device=out.device)
+    (*passes, finish) = radix_variants(tune, lanes, pitch_class(rows[1]))
+    chunk = min(_round16(triton.cdiv(W, pieces)), tune.topk_radix_piece)      # specialized as the pieces are
+    for _, p, block, cap, warps, _ in passes:
+        _radix_pass_kernel[(R, pieces)](*rows, ws, per_piece, cand, out, out.stride(0), k, chunk,
+                                        MODE=mode, PASS=p, CAP=cap, BLOCK=block, num_warps=warps)
+    _radix_finish_kernel[(R,)](*rows, ws, cand, out, out.stride(0), k, MODE=mode, CAP=finish[3], num_warps=finish[4])
