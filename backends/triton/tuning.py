@@ -47,6 +47,8 @@ class Tuning:
     topk_radix_piece: int = 4096    # radix: the most columns a (row, piece) program reads
     topk_radix_warps: int = 8       # radix: warps of the (row, piece) programs
     topk_radix_cap: int = 2048      # radix: candidates a row keeps past the 16-bit prefix (more: re-streamed)
+    fused_programs_per_sm: int = 4  # paged_mqa_topk / mqa_topk: stage-1 programs per multiprocessor (sets the pieces)
+    fused_max_pieces: int = 4       # ... at most this many pieces a row (the workspace grows with them)
     insert_heads: int = 4           # query heads per qnorm_rope_kv_insert program
     insert_warps: int = 4
     inv_rope_heads: int = 4         # heads per inv_rope_fp8_quant program
