@@ -36,7 +36,7 @@ from .platform import default_device, multiprocessors, platform
 PRESETS = {"v4-flash": "flash", "v4-pro": "pro"}
 TP_DEGREES = (1, 2, 4, 8)
 # Ops that run other ops' kernels: their Triton variants are their parts' (warmed with them).
-PARTS = {"mqa_topk": ("mqa_logits", "indexer_topk"), "paged_mqa_topk": ("paged_mqa_logits", "indexer_topk")}
+PARTS = {"mqa_topk": ("mqa_logits", "indexer_topk")}
 TOPK_MODES = ("ranges", "decode1d", "decode2d")
 PROGRESS_STEP = 256                     # sizes of a per-size vendor run between progress reports
 
@@ -157,6 +157,19 @@ def topk_sizes(k: int, max_rows: int, max_width: int, ctx: Context, step: int = 
     return tuple(calls)
 
 
+def fused_topk_rows(k: int, tile: int, max_rows: int, ctx: Context, step: int = 1) -> tuple[int, ...]:
+    """Row counts (multiples of ``step``, at most ``max_rows``) that together reach every pieces
+    count of the fused indexers' plan (``streaming_topk.plan``: it sets the merge's block and
+    specializes ``pieces == 1``): the fewest rows of each."""
+    from dsv4ops.backends.triton.streaming_topk import plan
+
+    by_pieces = {}
+    most = min(max_rows, ctx.tune.fused_programs_per_sm * ctx.sms + step)
+    for rows in range(step, max(most, step) + 1, step):
+        by_pieces.setdefault(plan(rows, k, tile, ctx.tune, ctx.sms).pieces, rows)
+    return tuple(by_pieces.values())
+
+
 def representative_calls(op: str, dims: ModelDims, lim: Limits, ctx: Context) -> list[dict]:
     """Builder parameters (``OPS[op].spec.conformance.inputs``) of calls that together ask for every
     Triton variant ``op`` can meet within ``lim`` (composite ops: one small call; their kernels'
@@ -212,8 +225,10 @@ def representative_calls(op: str, dims: ModelDims, lim: Limits, ctx: Context) ->
     if op == "mqa_topk":
         return [dict(T=4, S=256, H=dims.index_heads, topk=min(64, dims.index_topk))]
     if op == "paged_mqa_topk":
-        return [dict(B=1, next_n=lim.next_n, context=2 * lim.c4_block, H=dims.index_heads, block_size=lim.c4_block,
-                     topk=min(64, dims.index_topk))]
+        n, k = lim.next_n, dims.index_topk
+        return [dict(B=rows // n, next_n=n, context=2 * lim.c4_block, H=dims.index_heads, block_size=lim.c4_block,
+                     lens_dim=d, topk=k)
+                for rows in fused_topk_rows(k, ctx.tune.logits_block_t, lim.max_tokens, ctx, n) for d in (1, 2)]
     raise InputError(f"warm-up knows no variants of op {op!r}")
 
 
