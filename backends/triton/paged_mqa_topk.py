@@ -34,7 +34,7 @@ def _score_and_keep_kernel(q_ptr, q_scale_ptr, cache_ptr, w_ptr, lens_ptr, table
     piece = tl.program_id(1)
     pieces = tl.num_programs(1)
     b = row // next_n
-    end = row_limits(lens_ptr, b, row % next_n, next_n, stride_l0, stride_l1, LENS_2D)
+    end = row_limits(lens_ptr, b, tl.program_id(0) % next_n, next_n, stride_l0, stride_l1, LENS_2D)
     buf = ws_ptr + (row * pieces + piece) * (2 * CAP)
     count = 0
     threshold = tl.zeros((), tl.uint32)
