@@ -5,7 +5,7 @@ fp8 paths, fp8 and MXFP4 keys) and offered to the piece's candidate buffer; stag
 and writes columns relative to ``ks``. On the software fp8 path q and k are decoded once (2 bytes an
 element), as mqa_logits does.
 
-A ``topk`` whose buffer cannot fit a program's registers (``streaming_topk.fits``) runs the chunked
+A ``topk`` whose buffer cannot fit a program's registers (``tuning.fused_topk_fits``) runs the chunked
 composition: this backend's logits and top-k kernels over chunks of query rows whose logits fit
 ``WORKSPACE_BYTES`` (or one row, when larger)."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .indexer_topk import indexer_topk
 from .mqa_logits import mqa_logits, operands, query_block, tile_logits
 from .paged_mqa_topk import per_chunk
 from .streaming_topk import finish, live_keys, offer
-from .tuning import Target
+from .tuning import Target, fused_topk_fits
 
 
 @triton.jit(do_not_specialize=["T"], do_not_specialize_on_alignment=["ks_ptr", "ke_ptr"])
@@ -56,7 +56,7 @@ def mqa_topk(target: Target, a):
     if S == 0:
         return out.fill_(-1)
     tile = target.tuning.mqa_block_s
-    if not streaming_topk.fits(a.topk, tile):
+    if not fused_topk_fits(a.topk, tile):
         return _chunked(target, a, out)
     plan, ws = streaming_topk.workspace(target, T, a.topk, tile, a.q.device)
     q, k, keys_mxfp4, q_mxfp4, h_pad = operands(target, a)

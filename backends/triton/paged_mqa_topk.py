@@ -4,7 +4,7 @@ paged_mqa_logits scores them (``key_tile``, ``tile_logits``: both fp8 paths, fp8
 and offered to the piece's bounded candidate buffer; stage 2 merges the pieces per row. Nothing
 the size of ``[rows, max_context_len]`` is allocated.
 
-A ``topk`` whose buffer cannot fit a program's registers (``streaming_topk.fits``) runs the chunked
+A ``topk`` whose buffer cannot fit a program (``tuning.fused_topk_fits``) runs the chunked
 composition instead: this backend's logits and top-k kernels over chunks of requests whose logits
 fit ``WORKSPACE_BYTES`` (or one request's rows, when larger)."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ from . import streaming_topk
 from .indexer_topk import indexer_topk
 from .paged_mqa_logits import key_tile, paged_mqa_logits, queries, row_limits, tile_logits
 from .streaming_topk import finish, live_keys, offer
-from .tuning import Target
+from .tuning import Target, fused_topk_fits
 
 WORKSPACE_BYTES = 16 << 20
 
@@ -55,7 +55,7 @@ def paged_mqa_topk(target: Target, a):
     if B == 0:
         return out
     tile = target.tuning.logits_block_t
-    if not streaming_topk.fits(a.topk, tile):
+    if not fused_topk_fits(a.topk, tile):
         return _chunked(target, a, out)
     plan, ws = streaming_topk.workspace(target, B * next_n, a.topk, tile, a.q.device)
     q, keys_mxfp4, q_mxfp4, h_pad = queries(target, a)

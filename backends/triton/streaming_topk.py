@@ -24,9 +24,7 @@ import triton.language as tl
 from dsv4ops.platform import multiprocessors
 
 from .indexer_topk import kth_largest, resident_warps, selection_slots, sort_key
-from .tuning import Target
-
-MAX_BLOCK = 32768       # the most entries one program selects from (selection_slots' 16-bit counts)
+from .tuning import FUSED_MAX_BLOCK, Target
 
 
 @triton.jit
@@ -113,15 +111,11 @@ class Plan:
         return rows * self.pieces * self.cap * 8
 
 
-def fits(k: int, tile: int) -> bool:
-    """Whether a piece's buffer of ``k + max(k, tile)`` entries fits one program's registers."""
-    return triton.next_power_of_2(k + max(k, tile)) <= MAX_BLOCK
-
-
 def plan(rows: int, k: int, tile: int, tune, sms: int) -> Plan:
     """Pieces: about ``fused_programs_per_sm`` programs per multiprocessor, at most
-    ``fused_max_pieces`` a row and ``MAX_BLOCK // k`` (stage 2 holds them all); ``fits(k, tile)``."""
-    pieces = max(1, min(tune.fused_max_pieces, MAX_BLOCK // k, triton.cdiv(tune.fused_programs_per_sm * sms, rows)))
+    ``fused_max_pieces`` a row and ``FUSED_MAX_BLOCK // k`` (stage 2 holds them all), for a ``k``
+    that ``tuning.fused_topk_fits``."""
+    pieces = max(1, min(tune.fused_max_pieces, FUSED_MAX_BLOCK // k, triton.cdiv(tune.fused_programs_per_sm * sms, rows)))
     cap = k + max(k, tile)
     return Plan(pieces, cap, triton.next_power_of_2(cap), triton.next_power_of_2(max(pieces * k, 16)))
 

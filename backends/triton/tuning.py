@@ -87,6 +87,16 @@ _TABLE = {
 }
 
 
+FUSED_MAX_BLOCK = 32768     # the most candidates a fused top-k program selects from (16-bit slot counts)
+
+
+def fused_topk_fits(k: int, tile: int) -> bool:
+    """Whether the fused indexers' candidate slice, ``k + max(k, tile)`` entries (rounded up to a
+    power of two), fits one program (``FUSED_MAX_BLOCK``); larger ``k`` run the chunked composition."""
+    cap = k + max(k, tile)
+    return 1 << (cap - 1).bit_length() <= FUSED_MAX_BLOCK
+
+
 @dataclass(frozen=True)
 class Target:
     """What a Triton wrapper knows of where it runs, bound once per dispatch decision (the backend's

@@ -1,6 +1,8 @@
 """mqa_topk (docs/ops.md §13): the Triton kernel that selects while it scores (streaming_topk.py,
 shared with paged_mqa_topk) against the conformance rule where its buffers compact many times, with
 ties; its allocations; and the chunked composition it keeps for a topk too large for it."""
+import importlib
+
 import pytest
 import torch
 from dsv4ops.backends.triton import mqa_topk as triton_mqa_topk
@@ -13,6 +15,7 @@ from dsv4ops import registry
 from dsv4ops.conformance import build_inputs, make_case, run_case
 from dsv4ops.platform import platform
 
+triton_tuning = importlib.import_module("dsv4ops.backends.triton.tuning")   # the package exports tuning()
 G = lambda: torch.Generator().manual_seed(5)
 
 
@@ -67,7 +70,7 @@ def test_the_fused_call_allocates_only_its_workspace(monkeypatch):
 def test_row_chunks_select_what_the_composition_selects(monkeypatch):
     """The chunked composition, for a topk whose buffer cannot fit a program."""
     kw = build_inputs("mqa_topk", "cpu", G(), T=7, S=40, H=8, ranges="requests", topk=8)
-    monkeypatch.setattr(streaming_topk, "MAX_BLOCK", 16)
+    monkeypatch.setattr(triton_tuning, "FUSED_MAX_BLOCK", 16)
     monkeypatch.setattr(workspace, "WORKSPACE_BYTES", 2 * 40 * 4)                 # two rows per chunk
     got = dsv4ops.mqa_topk(**kw, backend="triton")
     logits = dsv4ops.mqa_logits(kw["q"], kw["k"], kw["k_scale"], kw["weights"], kw["ks"], kw["ke"], backend="triton")

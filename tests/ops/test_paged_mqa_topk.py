@@ -1,6 +1,8 @@
 """paged_mqa_topk (docs/ops.md §12): the Triton kernel that selects while it scores (streaming_topk.py)
 against the composition and the conformance rule, in shapes where its candidate buffers compact
 many times; its workspace bound; and the chunked composition it keeps for a topk too large for it."""
+import importlib
+
 import pytest
 import torch
 from dsv4ops.backends.triton import paged_mqa_topk as triton_paged_topk
@@ -12,6 +14,7 @@ from dsv4ops import formats, registry
 from dsv4ops.conformance import build_inputs, make_case, run_case
 from dsv4ops.platform import platform
 
+triton_tuning = importlib.import_module("dsv4ops.backends.triton.tuning")   # the package exports tuning()
 G = lambda: torch.Generator().manual_seed(5)
 TRITON = any(b.name == "triton" and b.available for b in dsv4ops.backends())
 needs_triton = pytest.mark.skipif(not TRITON, reason="Triton (or its interpreter) is not available")
@@ -103,7 +106,7 @@ def test_workspace_formula_is_bounded_and_independent_of_the_context():
     plan = streaming_topk.plan(rows, k, tile, tune, sms=132)
     assert plan.workspace_bytes(rows) == rows * plan.pieces * (k + max(k, tile)) * 8
     assert plan.workspace_bytes(rows) < rows * 131072 * 4 / 8
-    assert plan.pieces * k <= streaming_topk.MAX_BLOCK and plan.cap <= plan.block
+    assert plan.pieces * k <= triton_tuning.FUSED_MAX_BLOCK and plan.cap <= plan.block
 
 
 @needs_triton
@@ -146,7 +149,7 @@ def test_peak_memory_on_the_gpu_is_the_workspace():
 def test_chunks_smaller_than_the_batch_select_what_the_composition_selects(monkeypatch, next_n):
     """A workspace of one request's rows: every request is its own chunk (the last one too)."""
     kw = build_inputs("paged_mqa_topk", "cpu", G(), B=5, next_n=next_n, context=40, H=8, block_size=16, topk=16)
-    monkeypatch.setattr(streaming_topk, "MAX_BLOCK", 16)                 # no topk fits: the chunked path
+    monkeypatch.setattr(triton_tuning, "FUSED_MAX_BLOCK", 16)                 # no topk fits: the chunked path
     monkeypatch.setattr(triton_paged_topk, "WORKSPACE_BYTES", next_n * kw["max_context_len"] * 4)
     assert triton_paged_topk.per_chunk(next_n * kw["max_context_len"] * 4) == 1
     got = dsv4ops.paged_mqa_topk(**kw, backend="triton")
@@ -158,7 +161,7 @@ def test_chunks_smaller_than_the_batch_select_what_the_composition_selects(monke
 
 @needs_triton
 def test_chunked_call_passes_the_conformance_rule(monkeypatch):
-    monkeypatch.setattr(streaming_topk, "MAX_BLOCK", 16)
+    monkeypatch.setattr(triton_tuning, "FUSED_MAX_BLOCK", 16)
     monkeypatch.setattr(triton_paged_topk, "WORKSPACE_BYTES", 3 * 48 * 4)        # three rows per chunk
     case = make_case("paged_mqa_topk", B=4, next_n=2, context=40, H=8, block_size=16, topk=8, out=True)
     assert run_case(case, "triton", "cpu").status == "pass"
