@@ -12,7 +12,7 @@ from dsv4ops.backends.triton.tuning import tuning
 import dsv4ops
 from dsv4ops import formats, registry
 from dsv4ops.conformance import build_inputs, make_case, run_case
-from dsv4ops.platform import platform
+from dsv4ops.platform import multiprocessors, platform
 
 triton_tuning = importlib.import_module("dsv4ops.backends.triton.tuning")   # the package exports tuning()
 G = lambda: torch.Generator().manual_seed(5)
@@ -129,7 +129,8 @@ def test_the_fused_call_allocates_only_its_workspace(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_peak_memory_on_the_gpu_is_the_workspace():
-    kw = build_inputs("paged_mqa_topk", "cuda", G(), B=128, next_n=1, context=131072, H=64, block_size=64, topk=512,
+    """32 requests of 128K keys, k=512 (the inputs of B=128 need 9 GB of host memory to build)."""
+    kw = build_inputs("paged_mqa_topk", "cuda", G(), B=32, next_n=1, context=131072, H=64, block_size=64, topk=512,
                       lens_dim=1)
     dsv4ops.paged_mqa_topk(**kw, backend="triton")                       # compiled and warm
     torch.cuda.synchronize()
@@ -138,7 +139,12 @@ def test_peak_memory_on_the_gpu_is_the_workspace():
     dsv4ops.paged_mqa_topk(**kw, backend="triton")
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
-    logits_buffer = 128 * kw["max_context_len"] * 4
+    logits_buffer = 32 * kw["max_context_len"] * 4
+    device = kw["q"].device
+    tune = tuning(platform(device))
+    plan = streaming_topk.plan(32, 512, tune.logits_block_t, tune, multiprocessors(device))
+    fp16_queries = kw["q"].numel() * 2                                    # the software fp8 path's decode
+    assert peak <= plan.workspace_bytes(32) + 32 * 512 * 4 + fp16_queries, (peak, plan)
     assert peak < logits_buffer / 8, (peak, logits_buffer)
 
 
