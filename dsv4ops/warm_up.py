@@ -35,8 +35,6 @@ from .platform import default_device, multiprocessors, platform
 
 PRESETS = {"v4-flash": "flash", "v4-pro": "pro"}
 TP_DEGREES = (1, 2, 4, 8)
-# Ops that run other ops' kernels: their Triton variants are their parts' (warmed with them).
-PARTS = {"mqa_topk": ("mqa_logits", "indexer_topk"), "paged_mqa_topk": ("paged_mqa_logits", "indexer_topk")}
 TOPK_MODES = ("ranges", "decode1d", "decode2d")
 PROGRESS_STEP = 256                     # sizes of a per-size vendor run between progress reports
 
@@ -157,10 +155,22 @@ def topk_sizes(k: int, max_rows: int, max_width: int, ctx: Context, step: int = 
     return tuple(calls)
 
 
+def fused_topk_rows(k: int, tile: int, max_rows: int, ctx: Context, step: int = 1) -> tuple[int, ...]:
+    """Row counts (multiples of ``step``, at most ``max_rows``) that together reach every pieces
+    count of the fused indexers' plan (``streaming_topk.plan``: it sets the merge's block and
+    specializes ``pieces == 1``): the fewest rows of each."""
+    from dsv4ops.backends.triton.streaming_topk import plan
+
+    by_pieces = {}
+    most = min(max_rows, ctx.tune.fused_programs_per_sm * ctx.sms + step)
+    for rows in range(step, max(most, step) + 1, step):
+        by_pieces.setdefault(plan(rows, k, tile, ctx.tune, ctx.sms).pieces, rows)
+    return tuple(by_pieces.values())
+
+
 def representative_calls(op: str, dims: ModelDims, lim: Limits, ctx: Context) -> list[dict]:
     """Builder parameters (``OPS[op].spec.conformance.inputs``) of calls that together ask for every
-    Triton variant ``op`` can meet within ``lim`` (composite ops: one small call; their kernels'
-    variants are their parts')."""
+    Triton variant ``op`` can meet within ``lim``."""
     heads, layouts = dims.heads, lim.layouts
     if op == "qnorm_rope_kv_insert":
         return [dict(T=2, H=heads, layout=lay, block_size=lim.swa_block) for lay in layouts]
@@ -210,19 +220,15 @@ def representative_calls(op: str, dims: ModelDims, lim: Limits, ctx: Context) ->
                      layout=lay, lens_dim=d, clean=c, **blocks)
                 for lay in lim.index_layouts for d in (1, 2) for c in (False, True)]
     if op == "mqa_topk":
-        return [dict(T=4, S=256, H=dims.index_heads, topk=min(64, dims.index_topk))]
+        k = dims.index_topk
+        return [dict(T=rows, S=256, H=dims.index_heads, topk=k)
+                for rows in fused_topk_rows(k, ctx.tune.mqa_block_s, lim.max_tokens, ctx)]
     if op == "paged_mqa_topk":
-        return [dict(B=1, next_n=lim.next_n, context=2 * lim.c4_block, H=dims.index_heads, block_size=lim.c4_block,
-                     topk=min(64, dims.index_topk))]
+        n, k = lim.next_n, dims.index_topk
+        return [dict(B=rows // n, next_n=n, context=2 * lim.c4_block, H=dims.index_heads, block_size=lim.c4_block,
+                     lens_dim=d, topk=k)
+                for rows in fused_topk_rows(k, ctx.tune.logits_block_t, lim.max_tokens, ctx, n) for d in (1, 2)]
     raise InputError(f"warm-up knows no variants of op {op!r}")
-
-
-def with_parts(ops) -> list[str]:
-    """``ops`` and the ops whose kernels they run (``PARTS``), in OP_NAMES order."""
-    wanted = set(ops)
-    for op in ops:
-        wanted.update(PARTS.get(op, ()))
-    return [op for op in OP_NAMES if op in wanted]
 
 
 def context(plat, device) -> Context:
@@ -397,8 +403,9 @@ def warmup(ops=None, *, model: str = "v4-flash", tp: int = 1, dims: dict | None 
         device = torch.device("cuda", torch.cuda.current_device())
     ctx = context(plat, device)
     chosen = [b for b in (backends or registry.backend_names()) if b != "reference"]
-    work = [(op, params) for op in with_parts(ops) for params in representative_calls(op, model_dim, lim, ctx)]
-    per_op = {op: OpWarmup(op) for op in with_parts(ops)}
+    ops = [op for op in OP_NAMES if op in ops]
+    work = [(op, params) for op in ops for params in representative_calls(op, model_dim, lim, ctx)]
+    per_op = {op: OpWarmup(op) for op in ops}
     compiled: set = set()
     current = [""]                      # the op whose calls run now
     vendor_work = []

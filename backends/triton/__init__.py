@@ -12,7 +12,7 @@ from dsv4ops.backend_support import all_of, import_probe, index_mxfp4, triton_in
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
 
-from .tuning import cuda_sm, has_fp8_mma, target, tuning
+from .tuning import cuda_sm, fused_topk_fits, has_fp8_mma, target, tuning
 
 _import_triton = import_probe("triton", '"dsv4ops[triton]"')
 
@@ -124,8 +124,16 @@ def logits_grid_fits(plat: Platform, call) -> str | None:
     return None
 
 
+def topk_grid_fits(plat: Platform, call) -> str | None:
+    """paged_mqa_topk's fused kernel has no grid axis over the context; its chunked composition (a
+    ``topk`` too large to fuse) launches paged_mqa_logits' grid."""
+    if fused_topk_fits(call.topk, tuning(plat).logits_block_t):
+        return None
+    return logits_grid_fits(plat, call)
+
+
 implements_both_paths("paged_mqa_logits", all_of(runs_here, logits_grid_fits, mxfp4_bf16_dots))
-implements_both_paths("paged_mqa_topk", all_of(runs_here, logits_grid_fits, mxfp4_bf16_dots))
+implements_both_paths("paged_mqa_topk", all_of(runs_here, topk_grid_fits, mxfp4_bf16_dots))
 implements_both_paths("fp8_einsum", runs_here)
 BACKEND.implements("indexer_topk", "dsv4ops.backends.triton.indexer_topk:indexer_topk", supports=runs_here)
 implements_both_paths("inv_rope_fp8_quant", runs_here)

@@ -5,7 +5,7 @@ column order), then -1 up to k. Two ways to find the k-th largest key, chosen at
 
 - resident (the set fits one block, ``topk_resident`` columns): the keys are loaded once and stay
   in registers; an interpolated, bracketed search over the key values, each step a block reduction
-  (no atomics), finds it (``_kth_largest``).
+  (no atomics), finds it (``kth_largest``).
 - streamed (larger sets): 4 passes of an 8-bit histogram over the positions, block by block.
 
 A row is split into pieces, one program each, when it is longer than a resident block or when
@@ -33,7 +33,7 @@ from .tuning import Target
 
 
 @triton.jit
-def _sort_key(x):
+def sort_key(x):
     """fp32 -> uint32 whose unsigned order is the float order (-inf < ... < +inf)."""
     bits = x.to(tl.uint32, bitcast=True)
     return tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
@@ -65,7 +65,7 @@ def _candidates(src, stride_c, cand_row, p, lo, hi, GATHER: tl.constexpr):
     else:
         col = p
         live = (p >= lo) & (p < hi)
-    key = _sort_key(tl.load(src + col.to(tl.int64) * stride_c, mask=live, other=0.0))
+    key = sort_key(tl.load(src + col.to(tl.int64) * stride_c, mask=live, other=0.0))
     return col, live, key
 
 
@@ -86,7 +86,7 @@ def _count_and_neighbours(a_count, a_up, a_down, b_count, b_up, b_down):
 
 
 @triton.jit
-def _kth_largest(key, k):
+def kth_largest(key, k):
     """``(threshold, want)``: ``want`` = min(k, live keys) (``key`` >= 1; 0 marks a dead one), and
     the ``want``-th largest live key, or a key value with exactly ``want`` live keys at or above it
     (all ones when ``want`` is 0).
@@ -142,21 +142,29 @@ def _kth_largest(key, k):
 
 
 @triton.jit
+def selection_slots(key, threshold, want):
+    """``(slot, chosen)`` for a block of keys (at most 32768) and ``kth_largest``'s result: the keys
+    above ``threshold`` take slots ``0..`` in block order, then as many keys equal to it as fill
+    ``want``; the others are not chosen."""
+    above = key > threshold
+    tie = key == threshold
+    # One scan for both slot sequences: above in the low 16 bits, ties in the high (block <= 32768).
+    both = above.to(tl.int32) + (tie.to(tl.int32) << 16)
+    written = tl.sum(both, axis=0) & 0xFFFF
+    slots = tl.cumsum(both, axis=0) - both          # exclusive: (ties before) << 16 | (above before)
+    rank = slots >> 16
+    return tl.where(above, slots & 0xFFFF, written + rank), above | (tie & (rank < want - written))
+
+
+@triton.jit
 def _select_resident(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER: tl.constexpr, BLOCK: tl.constexpr):
     """Writes the k largest of the positions [lo, hi) (hi - lo <= BLOCK) to ``dst`` as ``column -
     base``, ties as many as fill k; the keys stay in registers. Returns how many it wrote."""
     col, live, key = _candidates(src, stride_c, cand_row, lo + tl.arange(0, BLOCK), lo, hi, GATHER)
     key = tl.where(live, tl.maximum(key, 1), 0)     # 0: dead (keys 0 and 1 are both -NaN)
-    threshold, want = _kth_largest(key, k)
-    above = key > threshold
-    tie = key == threshold
-    # One scan for both slot sequences: above in the low 16 bits, ties in the high (BLOCK <= 32768).
-    both = above.to(tl.int32) + (tie.to(tl.int32) << 16)
-    written = tl.sum(both, axis=0) & 0xFFFF
-    slots = tl.cumsum(both, axis=0) - both          # exclusive: (ties before) << 16 | (above before)
-    rank = slots >> 16
-    tl.store(dst + tl.where(above, slots & 0xFFFF, written + rank), (col - base).to(tl.int32),
-             mask=above | (tie & (rank < want - written)))
+    threshold, want = kth_largest(key, k)
+    slot, chosen = selection_slots(key, threshold, want)
+    tl.store(dst + slot, (col - base).to(tl.int32), mask=chosen)
     return want
 
 

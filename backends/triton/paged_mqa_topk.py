@@ -1,17 +1,72 @@
-"""Triton op 12: paged_mqa_topk as this backend's logits and top-k kernels over chunks of requests,
-so the logits never exceed a fixed workspace (``WORKSPACE_BYTES``, or one request's rows when those
-are larger) instead of the ``[B * next_n, max_context_len]`` buffer of the two-call composition."""
+"""Triton op 12: paged_mqa_topk selecting while it scores (streaming_topk.py). Stage 1, program
+(request row, piece): the row's key tiles ``piece, piece + pieces, ...`` are scored as
+paged_mqa_logits scores them (``key_tile``, ``tile_logits``: both fp8 paths, fp8 and MXFP4 keys)
+and offered to the piece's bounded candidate buffer; stage 2 merges the pieces per row. Nothing
+the size of ``[rows, max_context_len]`` is allocated.
+
+A ``topk`` whose buffer cannot fit a program (``tuning.fused_topk_fits``) runs the chunked
+composition instead: this backend's logits and top-k kernels over chunks of requests whose logits
+fit ``WORKSPACE_BYTES`` (or one request's rows, when larger)."""
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from dsv4ops import registry
 
+from . import streaming_topk
 from .indexer_topk import indexer_topk
-from .paged_mqa_logits import paged_mqa_logits
-from .tuning import Target
+from .paged_mqa_logits import key_tile, paged_mqa_logits, queries, row_limits, tile_logits
+from .streaming_topk import finish, live_keys, offer
+from .tuning import Target, fused_topk_fits
 
 WORKSPACE_BYTES = 16 << 20
+
+
+@triton.jit(do_not_specialize=["stride_t0"], do_not_specialize_on_alignment=["lens_ptr", "table_ptr"])
+def _score_and_keep_kernel(q_ptr, q_scale_ptr, cache_ptr, w_ptr, lens_ptr, table_ptr, ws_ptr, H, next_n, k,
+                           block_size, page_stride, stride_w0, stride_w1, stride_l0, stride_l1, stride_t0,
+                           stride_t1, LENS_2D: tl.constexpr, H_PAD: tl.constexpr, BLOCK_T: tl.constexpr,
+                           FP8_SOFT: tl.constexpr, KEYS_MXFP4: tl.constexpr, Q_MXFP4: tl.constexpr,
+                           CAP: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    piece = tl.program_id(1)
+    pieces = tl.num_programs(1)
+    b = row // next_n
+    end = row_limits(lens_ptr, b, tl.program_id(0) % next_n, next_n, stride_l0, stride_l1, LENS_2D)
+    buf = ws_ptr + (row * pieces + piece) * (2 * CAP)
+    count = 0
+    threshold = tl.zeros((), tl.uint32)
+    for t0 in range(piece * BLOCK_T, end, pieces * BLOCK_T):
+        t = t0 + tl.arange(0, BLOCK_T)
+        live = t < end
+        keys, scale = key_tile(cache_ptr, table_ptr, b, t, live, block_size, page_stride, stride_t0, stride_t1,
+                               BLOCK_T, FP8_SOFT, KEYS_MXFP4)
+        logits = tile_logits(keys, scale, q_ptr, q_scale_ptr, w_ptr, row, H, stride_w0, stride_w1, H_PAD,
+                             FP8_SOFT, KEYS_MXFP4, Q_MXFP4)
+        count, threshold = offer(buf, count, threshold, live_keys(logits, live), t, k, CAP, BLOCK)
+    finish(buf, count, k, CAP, BLOCK)
+
+
+def paged_mqa_topk(target: Target, a):
+    B, next_n, H, _ = a.q.shape
+    out = torch.empty(B * next_n, a.topk, dtype=torch.int32, device=a.q.device) if a.out is None else a.out
+    if B == 0:
+        return out
+    tile = target.tuning.logits_block_t
+    if not fused_topk_fits(a.topk, tile):
+        return _chunked(target, a, out)
+    plan, ws = streaming_topk.workspace(target, B * next_n, a.topk, tile, a.q.device)
+    q, keys_mxfp4, q_mxfp4, h_pad = queries(target, a)
+    lens = a.context_lens
+    _score_and_keep_kernel[(B * next_n, plan.pieces)](
+        q, a.q_scale, a.kv_cache, a.weights, lens, a.block_table, ws, H, next_n, a.topk,
+        a.kv_cache.shape[1], a.kv_cache.stride(0), a.weights.stride(0), a.weights.stride(1), lens.stride(0),
+        lens.stride(-1), a.block_table.stride(0), a.block_table.stride(1), LENS_2D=lens.dim() == 2, H_PAD=h_pad,
+        BLOCK_T=tile, FP8_SOFT=target.fp8_soft, KEYS_MXFP4=keys_mxfp4, Q_MXFP4=q_mxfp4, CAP=plan.cap,
+        BLOCK=plan.block, num_warps=target.tuning.logits_warps)
+    return streaming_topk.merge(target, plan, ws, a.topk, out)
 
 
 def per_chunk(row_bytes: int) -> int:
@@ -19,11 +74,9 @@ def per_chunk(row_bytes: int) -> int:
     return max(1, WORKSPACE_BYTES // max(1, row_bytes))
 
 
-def paged_mqa_topk(target: Target, a):
+def _chunked(target: Target, a, out):
+    """The composition over chunks of requests (a ``topk`` too large for the fused kernel)."""
     B, next_n = a.q.shape[:2]
-    out = torch.empty(B * next_n, a.topk, dtype=torch.int32, device=a.q.device) if a.out is None else a.out
-    if B == 0:
-        return out
     chunk = per_chunk(next_n * a.max_context_len * 4)                 # requests per chunk
     workspace = torch.empty(min(chunk, B) * next_n, a.max_context_len, dtype=torch.float32, device=a.q.device)
     logits_args, topk_args = registry.get_op("paged_mqa_logits").Args, registry.get_op("indexer_topk").Args

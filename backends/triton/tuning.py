@@ -47,6 +47,8 @@ class Tuning:
     topk_radix_piece: int = 4096    # radix: the most columns a (row, piece) program reads
     topk_radix_warps: int = 8       # radix: warps of the (row, piece) programs
     topk_radix_cap: int = 2048      # radix: candidates a row keeps past the 16-bit prefix (more: re-streamed)
+    fused_programs_per_sm: int = 4  # paged_mqa_topk / mqa_topk: stage-1 programs per multiprocessor (sets the pieces)
+    fused_max_pieces: int = 4       # ... at most this many pieces a row (the workspace grows with them)
     insert_heads: int = 4           # query heads per qnorm_rope_kv_insert program
     insert_warps: int = 4
     inv_rope_heads: int = 4         # heads per inv_rope_fp8_quant program
@@ -83,6 +85,16 @@ _TABLE = {
                           topk_radix_cap=64, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
                           einsum_block_m=16, einsum_block_n=128),
 }
+
+
+FUSED_MAX_BLOCK = 32768     # the most candidates a fused top-k program selects from (16-bit slot counts)
+
+
+def fused_topk_fits(k: int, tile: int) -> bool:
+    """Whether the fused indexers' candidate slice, ``k + max(k, tile)`` entries (rounded up to a
+    power of two), fits one program (``FUSED_MAX_BLOCK``); larger ``k`` run the chunked composition."""
+    cap = k + max(k, tile)
+    return 1 << (cap - 1).bit_length() <= FUSED_MAX_BLOCK
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """indexer_topk's own tests. Its error inputs are declared in its spec (test_errors.py), its layouts
 and aliases generated (test_strides.py).
 
-The Triton top-k's resident search (``_kth_largest``) on whole rows held by one program, for logit
+The Triton top-k's resident search (``kth_largest``) on whole rows held by one program, for logit
 distributions that stress an interpolated search: heavy tails spanning many binades, bf16-rounded
 values (long runs of equal keys), few distinct values, ``-inf`` padding, and ``k`` equal to the
 number of valid columns: through the op against the reference (conformance comparison), and the
@@ -18,14 +18,14 @@ from dsv4ops.conformance.cases import make_case
 if TRITON:
     import triton
     import triton.language as tl
-    from dsv4ops.backends.triton.indexer_topk import _kth_largest
+    from dsv4ops.backends.triton.indexer_topk import kth_largest
 
     @triton.jit
     def _search(keys_ptr, k_ptr, out_ptr, BLOCK: tl.constexpr):
         """Row r of ``keys`` int64 [R, BLOCK] (uint32 keys, 0 dead) -> out[r] = (threshold, want)."""
         row = tl.program_id(0)
         key = tl.load(keys_ptr + row * BLOCK + tl.arange(0, BLOCK)).to(tl.uint32)
-        threshold, want = _kth_largest(key, tl.load(k_ptr + row))
+        threshold, want = kth_largest(key, tl.load(k_ptr + row))
         tl.store(out_ptr + row * 2, threshold.to(tl.int64))
         tl.store(out_ptr + row * 2 + 1, want.to(tl.int64))
 
@@ -61,7 +61,7 @@ ROWS = {"normal": lambda g, n: g.standard_normal(n),
 @needs_triton
 @pytest.mark.parametrize("rows", list(ROWS))
 def test_search_returns_a_threshold_that_selects_exactly_k(rows):
-    """``_kth_largest`` on its own, many rows: ``count(key >= t) >= want`` and either exactly
+    """``kth_largest`` on its own, many rows: ``count(key >= t) >= want`` and either exactly
     ``want`` keys are at or above ``t`` or ``t`` is the want-th largest key (dead keys, 0, never
     count; ``want`` = min(k, live keys))."""
     gen = np.random.default_rng(1)
