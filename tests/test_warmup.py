@@ -154,19 +154,15 @@ def test_the_warmup_compiled_every_kernel_op(report):
     assert report["summary"]["variants"] == sum(report[op]["warmed"] for op in OP_NAMES)
 
 
-@pytest.mark.parametrize("algo", ["split", "radix"])
-def test_the_indexer_topk_sizes_reach_every_launch_variant(algo):
-    """``topk_sizes`` finds a call for every launch variant of every (rows, width) within the limits,
-    with either way of selecting split rows (``topk_algo``)."""
-    from dsv4ops.backends.triton.indexer_topk import launch_variants, radix_variants
+def test_the_indexer_topk_sizes_reach_every_launch_variant():
+    """``topk_sizes`` finds a call for every launch variant of every (rows, width) within the limits."""
+    from dsv4ops.backends.triton.indexer_topk import launch_variants
     from dsv4ops.backends.triton.tuning import Tuning
 
-    ctx = W.Context(Tuning(topk_resident=1024, topk_min_piece=64, topk_block=256, topk_algo=algo), 32, 8)
+    ctx = W.Context(Tuning(topk_resident=1024, topk_min_piece=64, topk_block=256), 32, 8)
     reached = {v for R, W_ in W.topk_sizes(64, 40, 5000, ctx) for v in launch_variants(R, W_, 64, ctx.tune, 32, 8)}
     every = {v for R in range(1, 41) for W_ in range(1, 5001) for v in launch_variants(R, W_, 64, ctx.tune, 32, 8)}
     assert reached == every
-    radix = {v for pitch in (0, 1, 16) for v in radix_variants(ctx.tune, 32, pitch)}
-    assert bool(radix & every) == (algo == "radix")
 
 
 @pytest.fixture

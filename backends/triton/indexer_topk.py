@@ -11,12 +11,7 @@ column order), then -1 up to k. Two ways to find the k-th largest key, chosen at
 A row is split into pieces, one program each, when it is longer than a resident block or when
 there are too few rows to fill the GPU; each piece keeps its k largest columns (stage 1: the row's
 top-k is inside the union of the pieces' top-k), and a second program per row selects from those
-candidates (stage 2), gathering their logits (``topk_algo=split``). With ``topk_algo=radix`` a split
-row is selected as a whole instead: (row, piece) programs read their piece three times (once from
-memory, then from L2) and add 8-bit histograms of the top key bits into per-row counters, pass by
-pass, until the threshold's top 16 bits are known; the last pass writes the columns above them and
-lists those sharing them, and one program per row selects the rest of the k from that short list.
-Output columns are row-local (``column - row_start``).
+candidates (stage 2), gathering their logits. Output columns are row-local (``column - row_start``).
 """
 from __future__ import annotations
 
@@ -245,101 +240,6 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
     _pad(dst, want, k, BLOCK)
 
 
-# Radix path (``topk_algo=radix``). Per row, zeroed before the first pass: two 256-bin histograms,
-# of key bits 31-24 and of bits 23-16 among the keys in the chosen top bin (summed over the pieces by
-# atomics). Per (row, piece), written by pass 1: its own second histogram and its count of keys above
-# the chosen top bin, from which each piece's output and candidate slots follow in piece order.
-_HIST1, _HIST2, _WS = tl.constexpr(0), tl.constexpr(256), tl.constexpr(512)     # per row
-_PIECE = tl.constexpr(257)                                                        # per (row, piece)
-
-
-@triton.jit
-def _radix_want(ws, k):
-    """min(k, the row's valid columns), from its first histogram."""
-    return tl.minimum(tl.sum(tl.load(ws + _HIST1 + tl.arange(0, 256)), axis=0), k)
-
-
-@triton.jit
-def _radix_prefix(ws, k, DIGITS: tl.constexpr):
-    """From a row's histograms: the top ``8 * DIGITS`` bits of its min(k, valid columns)-th largest
-    key (DIGITS 1 or 2), and how many of the k are still to be found among the keys sharing them."""
-    bins = tl.arange(0, 256)
-    prefix, remaining = _next_digit(tl.load(ws + _HIST1 + bins), _radix_want(ws, k), 256)
-    if DIGITS == 2:
-        second, remaining = _next_digit(tl.load(ws + _HIST2 + bins), remaining, 256)
-        prefix = (prefix << 8) | second
-    return prefix.to(tl.uint32), remaining
-
-
-@triton.jit(do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
-def _radix_pass_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n,
-                       ws_ptr, piece_ptr, cand_ptr, out_ptr, out_stride, k, chunk,
-                       MODE: tl.constexpr, PASS: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr):
-    """Program (row, piece) over the row's columns [start + piece * chunk, + chunk) (chunk <= BLOCK),
-    read once. PASS 0: histogram of key bits 31-24; 1: of bits 23-16 among the keys in the chosen
-    top bin (the row's and the piece's own), and the piece's count above that bin; 2: the columns
-    whose top 16 bits are above the chosen 16-bit prefix go to the output, those equal to it to the
-    candidate list (its first ``CAP`` slots), each after the earlier pieces' (column order)."""
-    row = tl.program_id(0).to(tl.int64)
-    part = tl.program_id(1)
-    start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
-    lo = start + part * chunk
-    hi = tl.minimum(end, lo + chunk)
-    src = logits_ptr + row * stride_r
-    ws = ws_ptr + row * _WS
-    pieces = piece_ptr + row * tl.num_programs(1) * _PIECE
-    col, live, key = _candidates(src, stride_c, src, lo + tl.arange(0, BLOCK), lo, hi, False)
-    bins = tl.arange(0, 256)
-    if PASS == 0:
-        hist = tl.histogram((key >> 24).to(tl.int32), 256, mask=live)
-        tl.atomic_add(ws + _HIST1 + bins, hist, mask=hist > 0, sem="relaxed")
-    elif PASS == 1:
-        top, _ = _radix_prefix(ws, k, 1)
-        hist = tl.histogram(((key >> 16) & 0xFF).to(tl.int32), 256, mask=live & ((key >> 24) == top))
-        tl.atomic_add(ws + _HIST2 + bins, hist, mask=hist > 0, sem="relaxed")
-        tl.store(pieces + part * _PIECE + bins, hist)
-        tl.store(pieces + part * _PIECE + 256, tl.sum((live & ((key >> 24) > top)).to(tl.int32), axis=0))
-    else:
-        prefix, _ = _radix_prefix(ws, k, 2)
-        second = (prefix & 0xFF).to(tl.int32)
-        above_before = 0
-        tied_before = 0
-        for q in range(part):                 # the earlier pieces' slots
-            hist = tl.load(pieces + q * _PIECE + bins)
-            above_before += tl.load(pieces + q * _PIECE + 256) + tl.sum(tl.where(bins > second, hist, 0), axis=0)
-            tied_before += tl.sum(tl.where(bins == second, hist, 0), axis=0)
-        above = live & ((key >> 16) > prefix)
-        tied = live & ((key >> 16) == prefix)
-        slot = above_before + tl.cumsum(above.to(tl.int32), axis=0) - 1
-        tl.store(out_ptr + row * out_stride + slot, (col - start).to(tl.int32), mask=above)
-        slot = tied_before + tl.cumsum(tied.to(tl.int32), axis=0) - 1
-        tl.store(cand_ptr + row * CAP + slot, col.to(tl.int32), mask=tied & (slot < CAP))
-
-
-@triton.jit(do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
-def _radix_finish_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n,
-                         ws_ptr, cand_ptr, out_ptr, out_stride, k,
-                         MODE: tl.constexpr, CAP: tl.constexpr):
-    """Program per row, after the passes: the columns above the prefix are in the output; the rest
-    of the row's k are the largest of the candidates (those sharing the prefix, in column order),
-    selected in registers; when more than ``CAP`` columns share the prefix (long runs of equal keys),
-    the whole row is selected again by streaming (``_select_streamed``). Then -1 up to k."""
-    row = tl.program_id(0).to(tl.int64)
-    start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
-    src = logits_ptr + row * stride_r
-    ws = ws_ptr + row * _WS
-    dst = out_ptr + row * out_stride
-    want = _radix_want(ws, k)
-    prefix, remaining = _radix_prefix(ws, k, 2)
-    tied = tl.load(ws + _HIST2 + (prefix & 0xFF).to(tl.int32))
-    if tied <= CAP:
-        _select_resident(src, stride_c, cand_ptr + row * CAP, 0, tied, remaining, start, dst + want - remaining,
-                         True, CAP)
-    else:
-        _select_streamed(src, stride_c, src, start, end, k, start, dst, False, CAP)
-    _pad(dst, want, k, CAP)
-
-
 def indexer_topk(target: Target, a):
     R, W = a.logits.shape
     out = topk_output(a)
@@ -360,9 +260,6 @@ def indexer_topk(target: Target, a):
     launch = functools.partial(_launch, rows, mode, tune, target.warp_lanes, a.k)
     if pieces == 1:                              # one program per row (its one piece: the whole row)
         launch((R, 1), out, 0, 0, out, a.k, _round16(W), W, gather=False, local=True)
-        return out
-    if tune.topk_algo == "radix":
-        _radix(rows, mode, tune, target.warp_lanes, a.k, R, W, sms, out)
         return out
     n_cand = pieces * a.k                        # stage 1: each piece's k largest columns
     cand = torch.empty(R, _round16(n_cand), dtype=torch.int32, device=a.logits.device)
@@ -416,24 +313,13 @@ def pitch_class(stride: int) -> int:
 def launch_variants(R: int, W: int, k: int, tune, lanes: int, sms: int) -> tuple[tuple, ...]:
     """The compile-time choices of a call with R contiguous rows of width W: (GATHER, LOCAL,
     RESIDENT, BLOCK, warps, row pitch class) per launch (one launch, or the pieces' and the
-    candidates' selections); with ``topk_algo=radix``, split rows take the radix launches instead
-    (``radix_variants``)."""
+    candidates' selections)."""
     pieces, piece = _split(R, W, k, tune, sms)
     pitch = pitch_class(W)
     if pieces == 1:
         return ((False, True, *launch_variant(W, tune, lanes), pitch),)
-    if tune.topk_algo == "radix":
-        return radix_variants(tune, lanes, pitch)
     return ((False, False, *launch_variant(piece, tune, lanes), pitch),
             (True, True, *launch_variant(pieces * k, tune, lanes), pitch))
-
-
-def radix_variants(tune, lanes: int, pitch: int) -> tuple[tuple, ...]:
-    """The radix path's launches: ("radix", PASS, BLOCK, CAP, warps, row pitch class) for passes
-    0-2 and the finish (PASS 3); besides the row pitch they depend on the tunables only."""
-    cap = tune.topk_radix_cap
-    passes = tuple(("radix", p, tune.topk_radix_piece, cap, tune.topk_radix_warps, pitch) for p in range(3))
-    return passes + (("radix", 3, cap, cap, resident_warps(cap, tune.topk_keys_per_thread, lanes), pitch),)
 
 
 def _launch(rows, mode, tune, lanes, k, grid, cand, cand_stride, n_cand, out, out_stride, chunk, span, *, gather,
@@ -443,19 +329,3 @@ def _launch(rows, mode, tune, lanes, k, grid, cand, cand_stride, n_cand, out, ou
     _indexer_topk_kernel[grid](*rows, cand, cand_stride, n_cand, out, out_stride, k, chunk, MODE=mode, GATHER=gather,
                                LOCAL=local, BLOCK=block, RESIDENT=resident, num_warps=warps)
 
-
-def _radix(rows, mode, tune, lanes, k, R, W, sms, out):
-    """The radix path: three launches over (row, piece) programs, pieces of at most
-    ``topk_radix_piece`` columns (more when rows are few, none under ``topk_min_piece``), each
-    reading its piece once, then one program per row (``radix_variants``). Workspace: int32
-    [R, 512] zeroed, [R, pieces, 257] and [R, topk_radix_cap] candidate columns."""
-    pieces = _pieces(R, W, tune.topk_radix_piece, tune.topk_min_piece, sms)
-    ws = torch.zeros(R, _WS.value, dtype=torch.int32, device=out.device)
-    per_piece = torch.empty(R, pieces, _PIECE.value, dtype=torch.int32, device=out.device)
-    cand = torch.empty(R, tune.topk_radix_cap, dtype=torch.int32, device=out.device)
-    (*passes, finish) = radix_variants(tune, lanes, pitch_class(rows[1]))
-    chunk = min(_round16(triton.cdiv(W, pieces)), tune.topk_radix_piece)      # specialized as the pieces are
-    for _, p, block, cap, warps, _ in passes:
-        _radix_pass_kernel[(R, pieces)](*rows, ws, per_piece, cand, out, out.stride(0), k, chunk,
-                                        MODE=mode, PASS=p, CAP=cap, BLOCK=block, num_warps=warps)
-    _radix_finish_kernel[(R,)](*rows, ws, cand, out, out.stride(0), k, MODE=mode, CAP=finish[3], num_warps=finish[4])

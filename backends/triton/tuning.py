@@ -42,11 +42,6 @@ class Tuning:
     topk_resident: int = 32768      # the most positions a program selects from in registers
     topk_min_piece: int = 4096      # shortest piece a row is split into to fill the GPU
     topk_keys_per_thread: int = 32  # resident selection: keys each thread holds (sets the warps: >= 4, <= 1024 threads)
-    topk_algo: str = "split"        # rows split into pieces: split (each piece's top-k, then a selection among
-                                    # them) or radix (row-wide histograms of the top key bits over pieces)
-    topk_radix_piece: int = 4096    # radix: the most columns a (row, piece) program reads
-    topk_radix_warps: int = 8       # radix: warps of the (row, piece) programs
-    topk_radix_cap: int = 2048      # radix: candidates a row keeps past the 16-bit prefix (more: re-streamed)
     fused_programs_per_sm: int = 4  # paged_mqa_topk / mqa_topk: stage-1 programs per multiprocessor (sets the pieces)
     fused_max_pieces: int = 4       # ... at most this many pieces a row (the workspace grows with them)
     insert_heads: int = 4           # query heads per qnorm_rope_kv_insert program
@@ -81,8 +76,7 @@ _TABLE = {
                              topk_block=8192, topk_warps=16, topk_resident=16384, topk_min_piece=2048,
                              insert_heads=4, insert_warps=2, compress_chunk=32),
     ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, prefill_block_h=16, prefill_block_k=16,
-                          topk_block=64, topk_resident=128, topk_min_piece=32, topk_radix_piece=64,
-                          topk_radix_cap=64, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
+                          topk_block=64, topk_resident=128, topk_min_piece=32, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
                           einsum_block_m=16, einsum_block_n=128),
 }
 
@@ -167,10 +161,9 @@ def _allowed(name: str, value: int | str, max_warps: int) -> str | None:
     return None if power_of_two and value >= minimum else f"a power of two, at least {minimum}"
 
 
-_CHOICES = {"einsum_tma": (0, 1), "fp8_path": ("auto", "soft", "hw"), "topk_algo": ("split", "radix")}
-_WORDS = ("fp8_path", "topk_algo")      # tunables whose values are words, not integers
-# a resident top-k counts its output slots in 16-bit fields
-_MAXIMUM = {"topk_resident": 32768, "topk_radix_cap": 32768}
+_CHOICES = {"einsum_tma": (0, 1), "fp8_path": ("auto", "soft", "hw")}
+_WORDS = ("fp8_path",)                  # tunables whose values are words, not integers
+_MAXIMUM = {"topk_resident": 32768}     # a resident top-k counts its output slots in 16-bit fields
 _DOT_OPERANDS = ("decode_block_h", "decode_block_k", "prefill_block_h", "prefill_block_k", "einsum_block_m",
                  "einsum_block_n", "mqa_block_s")
 
@@ -185,7 +178,7 @@ def _override(base: Tuning, spec: str, max_warps: int) -> Tuning:
         name, _, value = (part.strip() for part in item.partition("="))
         if name not in fields or not (value.isdigit() or name in _WORDS):
             raise ConfigError(f"DSV4OPS_TRITON_TUNING: bad entry {item!r}; expected name=integer with a name "
-                              f"from {sorted(fields)} (fp8_path=auto|soft|hw, topk_algo=split|radix)")
+                              f"from {sorted(fields)} (fp8_path=auto|soft|hw)")
         typed = value if name in _WORDS else int(value)
         why = _allowed(name, typed, max_warps)
         if why is not None:

@@ -137,34 +137,3 @@ def test_topk_expanded_row_starts(backend):
     got = dsv4ops.indexer_topk(**kw, backend=backend)
     assert torch.equal(got.sort(1).values, want.sort(1).values)
 
-
-# --- the radix path (topk_algo=radix) --------------------------------------------------------
-
-DECODE2D, RANGES = dict(W=300, k=64, mode="decode2d", next_n=2, corner="empty"), dict(W=300, k=64, mode="ranges")
-RADIX_CASES = {     # (row form, data, topk_radix_cap): cap 1 re-streams every row with two keys sharing the prefix
-    "decode2d-random": (DECODE2D, "random", 16),
-    "ranges-ties-streamed": (RANGES, "ties", 16),
-    "decode1d-bf16": (dict(W=900, k=128, mode="decode1d", next_n=3), "bf16", 2048),
-    "k>W-plateau": (dict(W=300, k=512, mode="ranges", corner="empty"), "plateau", 16),
-    "ranges-nonfinite-cap1": (RANGES, "nonfinite", 1),
-    "decode2d-heavy_tail-cap1": (DECODE2D, "heavy_tail", 1),
-}
-
-
-@needs_triton
-@pytest.mark.parametrize("case", list(RADIX_CASES))
-def test_radix_rows_match_the_reference(env, monkeypatch, case):
-    """Split rows through the radix launches (row-wide histograms over the pieces): the columns
-    sharing the threshold's 16-bit prefix selected in registers, or, when more than ``cap`` of them
-    (ties and plateaus past 16), the row selected again by streaming; a second launch writes the
-    same bits (slots in column order, no atomics order). Every row form, empty rows, k past the
-    row length."""
-    shape, data, cap = RADIX_CASES[case]
-    import dsv4ops.backends.triton.indexer_topk as kernel
-
-    calls, radix = [], kernel._radix
-    monkeypatch.setattr(kernel, "_radix", lambda *args: calls.append(1) or radix(*args))
-    env(DSV4OPS_TRITON_TUNING=f"topk_algo=radix,topk_radix_cap={cap}")
-    result = run_case(make_case("indexer_topk", R=6, data=data, **shape), "triton", "cpu", seed=7, repeat=2)
-    assert result.status == "pass", f"{result.message}\nrerun: {result.reproducer()}"
-    assert calls, "the radix path did not run"
