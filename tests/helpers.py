@@ -76,3 +76,18 @@ def assert_restricted_topk(want, positions, starts, k, slack):
             low = (want[r, got] + slack[r, got]).min()
             high = (want[r, others] - slack[r, others]).max()
             assert low >= high, (r, float(low), float(high))
+
+
+def allocation_sizes(monkeypatch, modules, call) -> list[int]:
+    """The bytes of every ``torch.empty`` the given modules make while ``call()`` runs."""
+    sizes, empty = [], torch.empty
+
+    def watch(*shape, **kwargs):
+        t = empty(*shape, **kwargs)
+        sizes.append(t.numel() * t.element_size())
+        return t
+
+    for module in modules:
+        monkeypatch.setattr(module.torch, "empty", watch)
+    call()
+    return sizes

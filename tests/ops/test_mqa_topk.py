@@ -15,8 +15,9 @@ from dsv4ops import registry
 from dsv4ops.conformance import build_inputs, make_case, run_case
 from dsv4ops.platform import platform
 
+from helpers import G, allocation_sizes
+
 triton_tuning = importlib.import_module("dsv4ops.backends.triton.tuning")   # the package exports tuning()
-G = lambda: torch.Generator().manual_seed(5)
 
 
 def conforms(params, kw, got) -> bool:
@@ -52,16 +53,8 @@ def test_ties_keep_any_of_the_equal_keys(env):
 
 def test_the_fused_call_allocates_only_its_workspace(monkeypatch):
     kw = build_inputs("mqa_topk", "cpu", G(), T=6, S=300, H=4, ranges="causal", topk=8)
-    sizes, empty = [], torch.empty
-
-    def watch(*shape, **kwargs):
-        t = empty(*shape, **kwargs)
-        sizes.append(t.numel() * t.element_size())
-        return t
-
-    monkeypatch.setattr(streaming_topk.torch, "empty", watch)
-    monkeypatch.setattr(triton_mqa_topk.torch, "empty", watch)
-    dsv4ops.mqa_topk(**kw, backend="triton")
+    sizes = allocation_sizes(monkeypatch, (streaming_topk, triton_mqa_topk),
+                             lambda: dsv4ops.mqa_topk(**kw, backend="triton"))
     tune = tuning(platform("cpu"))
     plan = streaming_topk.plan(6, 8, tune.mqa_block_s, tune, sms=4)
     assert sorted(sizes) == sorted([plan.workspace_bytes(6), 6 * 8 * 4])     # no [T, S] buffer

@@ -14,10 +14,9 @@ from dsv4ops import formats, registry
 from dsv4ops.conformance import build_inputs, make_case, run_case
 from dsv4ops.platform import multiprocessors, platform
 
+from helpers import G, allocation_sizes, needs_triton
+
 triton_tuning = importlib.import_module("dsv4ops.backends.triton.tuning")   # the package exports tuning()
-G = lambda: torch.Generator().manual_seed(5)
-TRITON = any(b.name == "triton" and b.available for b in dsv4ops.backends())
-needs_triton = pytest.mark.skipif(not TRITON, reason="Triton (or its interpreter) is not available")
 
 
 def composition(kw):
@@ -112,16 +111,8 @@ def test_workspace_formula_is_bounded_and_independent_of_the_context():
 @needs_triton
 def test_the_fused_call_allocates_only_its_workspace(monkeypatch):
     kw = build_inputs("paged_mqa_topk", "cpu", G(), B=4, next_n=2, context=256, H=4, block_size=16, topk=8)
-    sizes, empty = [], torch.empty
-
-    def watch(*shape, **kwargs):
-        t = empty(*shape, **kwargs)
-        sizes.append(t.numel() * t.element_size())
-        return t
-
-    monkeypatch.setattr(streaming_topk.torch, "empty", watch)
-    monkeypatch.setattr(triton_paged_topk.torch, "empty", watch)
-    dsv4ops.paged_mqa_topk(**kw, backend="triton")
+    sizes = allocation_sizes(monkeypatch, (streaming_topk, triton_paged_topk),
+                             lambda: dsv4ops.paged_mqa_topk(**kw, backend="triton"))
     tune = tuning(platform("cpu"))
     plan = streaming_topk.plan(8, 8, tune.logits_block_t, tune, sms=4)
     assert sorted(sizes) == sorted([plan.workspace_bytes(8), 8 * 8 * 4])    # the workspace and the indices
