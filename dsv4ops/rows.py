@@ -10,11 +10,16 @@ def decode_row_ends(seq_lens: torch.Tensor, next_n: int) -> torch.Tensor:
     1-D ``seq_lens [B]``: ``max(0, L_b - next_n + j + 1)`` (causal MTP rule);
     2-D ``seq_lens [B, next_n]``: ``seq_lens[b, j]``.
     """
-    lens = seq_lens.to(torch.int64)
-    if lens.dim() == 2:
-        return lens.reshape(-1)
-    j = torch.arange(next_n, device=lens.device)
-    return (lens[:, None] - next_n + j + 1).clamp_min(0).reshape(-1)
+    if seq_lens.dim() == 2:
+        return seq_lens.to(torch.int64).reshape(-1)
+    return causal_row_lengths(seq_lens, next_n).reshape(-1)
+
+
+def causal_row_lengths(seq_lens: torch.Tensor, next_n: int) -> torch.Tensor:
+    """int64 ``[B, next_n]``: ``max(0, L_b - next_n + j + 1)``, the causal MTP rule applied to 1-D
+    ``seq_lens [B]`` (the 2-D form of the same lengths)."""
+    j = torch.arange(next_n, device=seq_lens.device)
+    return (seq_lens.to(torch.int64)[:, None] - next_n + j + 1).clamp_min(0)
 
 
 def row_bounds(row_starts, row_ends, seq_lens, next_n) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,7 @@ import torch
 
 from . import formats
 from .quant import encode_mxfp4, to_fp8, ue8m0_scale
-from .rows import decode_row_ends
+from .rows import causal_row_lengths, decode_row_ends
 
 SOFTMAX_SCALE = 512 ** -0.5
 ROPE_THETA = 10000.0
@@ -130,6 +130,19 @@ def key_ranges(gen, T: int, S: int, ranges: str) -> tuple[torch.Tensor, torch.Te
 # Error inputs: ``(argument, change)`` pairs; ``change(kwargs)`` edits a valid call in place so that
 # the named argument is wrong.
 
+def request_lengths(gen, B: int, width: int, zeros: str | None = None) -> torch.Tensor:
+    """int64 ``[B]`` context lengths in ``[0, width]``, the first request's ``width``; ``zeros``:
+    "every_other" or "all" of them 0."""
+    lens = randint(gen, 0, width + 1, (B,))
+    if B:
+        lens[0] = width
+    if zeros == "every_other":
+        lens[::2] = 0
+    elif zeros == "all":
+        lens[:] = 0
+    return lens
+
+
 def row_ranges(gen, R: int, W: int, mode: str, next_n: int = 1, corner: str | None = None) -> tuple[dict, torch.Tensor]:
     """How rows of width ``W`` over logits ``[R, W]`` get their columns (indexer_topk's modes):
     "ranges" (``row_starts``/``row_ends``), "decode1d" / "decode2d" (``seq_lens`` per request or per
@@ -145,15 +158,9 @@ def row_ranges(gen, R: int, W: int, mode: str, next_n: int = 1, corner: str | No
             ends = starts.clone()
         args = dict(row_starts=starts.to(torch.int32), row_ends=ends.to(torch.int32))
     else:
-        lens = randint(gen, 0, W + 1, (R // next_n,))
-        if R:
-            lens[0] = W
-        if corner == "empty":
-            lens[::2] = 0
-        elif corner == "all_empty":
-            lens[:] = 0
+        lens = request_lengths(gen, R // next_n, W, {"empty": "every_other", "all_empty": "all"}.get(corner))
         if mode == "decode2d":
-            lens = (lens[:, None] - next_n + torch.arange(next_n) + 1).clamp_min(0)
+            lens = causal_row_lengths(lens, next_n)
         args = dict(seq_lens=lens.to(torch.int32), next_n=next_n)
         ends = decode_row_ends(lens, next_n)
         starts = torch.zeros_like(ends)

@@ -12,8 +12,8 @@ from .. import formats, registry
 from ..checker import Checker
 from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
-from ..rows import decode_row_ends
-from ..sampling import change, index_query, randint, randn, set_args, to_device
+from ..rows import causal_row_lengths, decode_row_ends
+from ..sampling import change, index_query, randint, randn, request_lengths, set_args, to_device
 from ..shapes import C4_BLOCK, INDEX_HEADS, V41_INDEX_HEADS
 from ..tolerance import Collector, Verdict, abs_index_cache, fp8_abs, indexer_logits_rule
 
@@ -88,18 +88,11 @@ def inputs(device, gen, *, B, next_n, context, H=64, block_size=64, lens_dim=2, 
     keys = randn(gen, num_blocks, block_size, 128) * (0.05 + torch.rand(num_blocks, block_size, 1, generator=gen))
     kv_cache = formats.pack_index_keys(keys, scale_fmt, layout)
     block_table = torch.randperm(num_blocks, generator=gen)[: B * pages].view(B, pages).to(torch.int32)
-    lens = randint(gen, 0, context + 1, (B,))
-    if B:
-        lens[0] = context
-    if corner == "zero_len":
-        lens[::2] = 0
-    elif corner == "all_zero_len":
-        lens[:] = 0
+    lens = request_lengths(gen, B, context, {"zero_len": "every_other", "all_zero_len": "all"}.get(corner))
     if corner == "short":                       # lengths shorter than next_n
         lens = randint(gen, 0, next_n, (B,))
     if lens_dim == 2:
-        j = torch.arange(next_n)
-        lens = (lens[:, None] - next_n + j + 1).clamp_min(0)
+        lens = causal_row_lengths(lens, next_n)
     q, q_scale = index_query(randn(gen, B, next_n, H, 128) * 3, q_fmt)
     if corner == "padded_rows" and B > 1:       # vLLM pads MTP rows with zero Q, masked by lengths
         q.view(torch.uint8)[-1] = 0

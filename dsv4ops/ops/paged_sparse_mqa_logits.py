@@ -14,8 +14,8 @@ from ..checker import INT32_MAX, Checker
 from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..quant import to_fp8
-from ..rows import bad_candidate_rows, candidate_columns, decode_row_ends
-from ..sampling import change, randint, randn, set_args, to_device
+from ..rows import bad_candidate_rows, candidate_columns, causal_row_lengths, decode_row_ends
+from ..sampling import change, randint, randn, request_lengths, set_args, to_device
 from ..shapes import V41_INDEX_HEADS
 from ..tolerance import Collector, Verdict, abs_index_cache, fp8_abs, indexer_logits_rule
 from .candidate_blocks import CANDIDATE_BLOCK, CANDIDATE_BLOCKS
@@ -101,15 +101,11 @@ def inputs(device, gen, *, B, next_n, context, H=V41_INDEX_HEADS, block_size=64,
     keys = randn(gen, cache_blocks, block_size, 128) * (0.05 + torch.rand(cache_blocks, block_size, 1, generator=gen))
     kv_cache = formats.pack_index_keys(keys, scale_fmt, layout=layout)
     block_table = torch.randperm(cache_blocks, generator=gen)[: B * pages].view(B, pages).to(torch.int32)
-    lens = randint(gen, 0, context + 1, (B,))
-    if B:
-        lens[0] = context
-    if corner == "zero_len":
-        lens[::2] = 0
-    elif corner == "short":
+    lens = request_lengths(gen, B, context, "every_other" if corner == "zero_len" else None)
+    if corner == "short":
         lens = randint(gen, 0, next_n, (B,))
     if lens_dim == 2:
-        lens = (lens[:, None] - next_n + torch.arange(next_n) + 1).clamp_min(0)
+        lens = causal_row_lengths(lens, next_n)
     row_lens = decode_row_ends(lens, next_n)
     blocks = random_blocks(gen, row_lens, num_blocks, sparse_block, newest=corner != "no_newest")
     pos = candidate_columns(blocks, sparse_block).reshape(B, next_n * num_blocks * sparse_block)
