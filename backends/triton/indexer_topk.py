@@ -152,11 +152,17 @@ def selection_slots(key, threshold, want):
 
 
 @triton.jit
+def live_key(key, live):
+    """``key`` (``sort_key``) at least 1 where ``live`` and 0 (dead) elsewhere: keys 0 and 1 are both -NaN."""
+    return tl.where(live, tl.maximum(key, 1), 0)
+
+
+@triton.jit
 def _select_resident(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER: tl.constexpr, BLOCK: tl.constexpr):
     """Writes the k largest of the positions [lo, hi) (hi - lo <= BLOCK) to ``dst`` as ``column -
     base``, ties as many as fill k; the keys stay in registers. Returns how many it wrote."""
     col, live, key = _candidates(src, stride_c, cand_row, lo + tl.arange(0, BLOCK), lo, hi, GATHER)
-    key = tl.where(live, tl.maximum(key, 1), 0)     # 0: dead (keys 0 and 1 are both -NaN)
+    key = live_key(key, live)
     threshold, want = kth_largest(key, k)
     slot, chosen = selection_slots(key, threshold, want)
     tl.store(dst + slot, (col - base).to(tl.int32), mask=chosen)
@@ -202,7 +208,7 @@ def _select_streamed(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER: tl.c
 
 
 @triton.jit
-def _pad(dst, want, k, BLOCK: tl.constexpr):
+def pad(dst, want, k, BLOCK: tl.constexpr):
     """-1 in ``dst[want:k]``."""
     for c0 in range(0, k, BLOCK):
         c = c0 + tl.arange(0, BLOCK)
@@ -212,7 +218,7 @@ def _pad(dst, want, k, BLOCK: tl.constexpr):
 # The row bounds are scalar loads: their addresses' alignment is not specialized. The integers are:
 # Triton's divisibility-by-16 of the row pitch (``stride_r``) lets a program load its row in 16-byte
 # vectors (1.39x faster at 128 x 32768 on the H100, docs/perf/README.md); the piece length and the
-# candidate pitch are multiples of 16 by construction (``_split``, ``candidate_pitch``), so only the
+# candidate pitch are multiples of 16 by construction (``_split``, ``_round16``), so only the
 # row pitch adds a variant (``pitch_class``).
 @triton.jit(do_not_specialize=["n_cand"], do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
 def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1,
@@ -237,7 +243,7 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
         want = _select_resident(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER, BLOCK)
     else:
         want = _select_streamed(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER, BLOCK)
-    _pad(dst, want, k, BLOCK)
+    pad(dst, want, k, BLOCK)
 
 
 def indexer_topk(target: Target, a):

@@ -23,14 +23,14 @@ import triton.language as tl
 
 from dsv4ops.platform import multiprocessors
 
-from .indexer_topk import kth_largest, resident_warps, selection_slots, sort_key
-from .tuning import FUSED_MAX_BLOCK, Target
+from .indexer_topk import kth_largest, live_key, pad, resident_warps, selection_slots, sort_key
+from .tuning import FUSED_MAX_BLOCK, Target, fused_cap
 
 
 @triton.jit
 def live_keys(logits, live):
     """Order-preserving uint32 keys of fp32 ``logits``, at least 1 where ``live`` and 0 elsewhere."""
-    return tl.where(live, tl.maximum(sort_key(logits), 1), 0)
+    return live_key(sort_key(logits), live)
 
 
 @triton.jit
@@ -93,9 +93,7 @@ def _merge_kernel(ws_ptr, pieces, k, out_ptr, out_stride, starts_ptr, stride_s, 
     base = tl.load(starts_ptr + row * stride_s) if HAS_STARTS else 0
     out_row = out_ptr + row * out_stride
     tl.store(out_row + dst, col - base, mask=chosen)
-    for c0 in range(0, k, BLOCK):
-        c = c0 + p
-        tl.store(out_row + c, tl.full((BLOCK,), -1, tl.int32), mask=(c >= want) & (c < k))
+    pad(out_row, want, k, BLOCK)
 
 
 @dataclass(frozen=True)
@@ -116,7 +114,7 @@ def plan(rows: int, k: int, tile: int, tune, sms: int) -> Plan:
     ``fused_max_pieces`` a row and ``FUSED_MAX_BLOCK // k`` (stage 2 holds them all), for a ``k``
     that ``tuning.fused_topk_fits``."""
     pieces = max(1, min(tune.fused_max_pieces, FUSED_MAX_BLOCK // k, triton.cdiv(tune.fused_programs_per_sm * sms, rows)))
-    cap = k + max(k, tile)
+    cap = fused_cap(k, tile)
     return Plan(pieces, cap, triton.next_power_of_2(cap), triton.next_power_of_2(max(pieces * k, 16)))
 
 

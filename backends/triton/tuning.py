@@ -84,11 +84,15 @@ _TABLE = {
 FUSED_MAX_BLOCK = 32768     # the most candidates a fused top-k program selects from (16-bit slot counts)
 
 
+def fused_cap(k: int, tile: int) -> int:
+    """Candidate slots of a fused indexer's stage-1 program: ``k`` kept plus room for a tile of ``tile`` keys."""
+    return k + max(k, tile)
+
+
 def fused_topk_fits(k: int, tile: int) -> bool:
-    """Whether the fused indexers' candidate slice, ``k + max(k, tile)`` entries (rounded up to a
-    power of two), fits one program (``FUSED_MAX_BLOCK``); larger ``k`` run the chunked composition."""
-    cap = k + max(k, tile)
-    return 1 << (cap - 1).bit_length() <= FUSED_MAX_BLOCK
+    """Whether the fused indexers' candidate slice (``fused_cap``, rounded up to a power of two) fits
+    one program (``FUSED_MAX_BLOCK``); larger ``k`` run the chunked composition."""
+    return 1 << (fused_cap(k, tile) - 1).bit_length() <= FUSED_MAX_BLOCK
 
 
 @dataclass(frozen=True)
