@@ -128,8 +128,10 @@ class Context:
 def topk_sizes(k: int, max_rows: int, max_width: int, ctx: Context, step: int = 1) -> tuple[tuple[int, int], ...]:
     """(rows, width) calls, rows a multiple of ``step`` (MTP rows per request), that together reach
     every launch variant of indexer_topk (``launch_variants``: one launch, or pieces then
-    candidates, each resident at a power-of-two width class or streamed) up to the limits. Widths:
-    powers of two, p times them (pieces of exactly that class) and one more; rows: the smallest of
+    candidates, each resident at a power-of-two width class or streamed; or the threshold path,
+    whose sample grows with the width's power-of-two class) up to the limits. Widths: powers of
+    two, p times them (pieces of exactly that class), one more and 16 more (row pitch classes 1
+    and 16 just past a class boundary); rows: the smallest of
     each ``cdiv(sms, rows)`` class (fewer rows split more), and the most."""
     from dsv4ops.backends.triton.indexer_topk import launch_variants
 
@@ -143,7 +145,7 @@ def topk_sizes(k: int, max_rows: int, max_width: int, ctx: Context, step: int = 
     widths = {max_width}
     b = 1
     while b <= max_width:
-        widths.update(w for p in range(1, pieces + 1) for w in (p * b, p * b + 1) if w <= max_width)
+        widths.update(w for p in range(1, pieces + 1) for w in (p * b, p * b + 1, p * b + 16) if w <= max_width)
         b *= 2
     seen, calls = set(), []
     for r in by_class.values():

@@ -370,7 +370,7 @@ def test_bad_triton_tuning_is_config_error(env, value, why):
 def test_resident_topk_programs_stay_within_1024_threads(vendor, arch, lanes, warps):
     """The top-k's resident programs take their warps from the block size; a warp of a CDNA GPU
     has 64 lanes, so the default 32768-key block gets 16 warps there, 32 elsewhere."""
-    from dsv4ops.backends.triton.indexer_topk import resident_warps
+    from dsv4ops.backends.triton.kth import resident_warps
     from dsv4ops.backends.triton.tuning import warp_lanes
 
     from dsv4ops.platform import Platform

@@ -143,8 +143,10 @@ def test_a_sweep_within_the_limits_asks_for_no_variant_outside_the_warmup(report
     assert got["outside"] == [], f"{op}: {len(got['outside'])} variant(s) outside the warm-up: {got['outside'][:3]}"
 
 
-# sm90's sparse_mla_prefill tiles are its decode tiles (backends/triton/tuning.py): the same variants.
-SAME_VARIANTS = {"sparse_mla_prefill": "sparse_mla_decode"}
+# sm90's sparse_mla_prefill tiles are its decode tiles (backends/triton/tuning.py): the same variants;
+# the fused indexers run the logits and top-k kernels over chunks of rows (``fused_path`` auto).
+SAME_VARIANTS = {"sparse_mla_prefill": "sparse_mla_decode", "paged_mqa_topk": "paged_mqa_logits",
+                 "mqa_topk": "mqa_logits"}
 
 
 def test_the_warmup_compiled_every_kernel_op(report):
@@ -159,7 +161,7 @@ def test_the_indexer_topk_sizes_reach_every_launch_variant():
     from dsv4ops.backends.triton.indexer_topk import launch_variants
     from dsv4ops.backends.triton.tuning import Tuning
 
-    ctx = W.Context(Tuning(topk_resident=1024, topk_min_piece=64, topk_block=256), 32, 8)
+    ctx = W.Context(Tuning(topk_resident=1024, topk_min_piece=64, topk_block=256, topk_threshold_min=2048), 32, 8)
     reached = {v for R, W_ in W.topk_sizes(64, 40, 5000, ctx) for v in launch_variants(R, W_, 64, ctx.tune, 32, 8)}
     every = {v for R in range(1, 41) for W_ in range(1, 5001) for v in launch_variants(R, W_, 64, ctx.tune, 32, 8)}
     assert reached == every

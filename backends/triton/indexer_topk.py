@@ -24,14 +24,10 @@ import triton.language as tl
 from dsv4ops.backend_support import topk_output
 from dsv4ops.platform import multiprocessors
 
+from . import threshold_topk
+from .kth import kth_largest, live_key, pad, resident_warps, selection_slots, sort_key
+from .threshold_topk import append_at_least, collect, collected, load_tau, sample_columns, sample_threshold, store_state
 from .tuning import Target
-
-
-@triton.jit
-def sort_key(x):
-    """fp32 -> uint32 whose unsigned order is the float order (-inf < ... < +inf)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    return tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
 
 
 @triton.jit
@@ -73,88 +69,6 @@ def _next_digit(hist, remaining, BINS: tl.constexpr):
     at_or_above = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
     chosen = tl.max(tl.where(at_or_above >= remaining, digits, 0), axis=0)
     return chosen, remaining - tl.sum(tl.where(digits > chosen, hist, 0), axis=0)
-
-
-@triton.jit
-def _count_and_neighbours(a_count, a_up, a_down, b_count, b_up, b_down):
-    return a_count + b_count, tl.minimum(a_up, b_up), tl.maximum(a_down, b_down)
-
-
-@triton.jit
-def kth_largest(key, k):
-    """``(threshold, want)``: ``want`` = min(k, live keys) (``key`` >= 1; 0 marks a dead one), and
-    the ``want``-th largest live key, or a key value with exactly ``want`` live keys at or above it
-    (all ones when ``want`` is 0).
-
-    A bracketed search: ``lo`` is a live key with at least ``want`` keys at or above it, ``hi`` a
-    bound with fewer. Each step counts the keys at or above a trial point (one block reduction) and
-    moves one end onto it. The trial is interpolated from the two ends' counts (false position), then
-    clamped so that the bracket at least halves against a budget that starts at 2^33: never more than
-    33 steps. When the same end has moved twice in a row (the interpolation stalls, as on runs of
-    equal keys), the next step's reduction also returns the nearest live keys on either side of the
-    trial point, so that end lands on a live key (and the other end's weight halves, Illinois-style):
-    a bracket holding one key value then ends the search. About 5-15 steps on logit-like rows,
-    bf16-rounded or with few distinct values included, against 32 for a bit-by-bit bisection. It ends
-    when ``lo`` has exactly ``want`` keys at or above it or the bracket holds one key value.
-    """
-    live = key > 0
-    live_count, lo, hi = tl.reduce((live.to(tl.int32), tl.where(live, key, 0xFFFFFFFF), key), 0,
-                                   _count_and_neighbours)        # one reduction: count, min, max
-    want = tl.minimum(live_count, k)
-    lo = lo.to(tl.int64)
-    hi = hi.to(tl.int64) + 1
-    excess_lo = (live_count - want).to(tl.float32)                            # count(>= lo) - want
-    excess_hi = -want.to(tl.float32)                                          # count(>= hi) - want
-    budget = tl.full((), 1 << 33, tl.int64)
-    kept = 0                                     # end moved by the last step: 1 lo, -1 hi
-    stalled = False                              # the last two steps moved the same end
-    while (want > 0) & (hi - lo > 1) & (excess_lo != 0):
-        budget = budget // 2
-        step = ((hi - lo).to(tl.float32) * (excess_lo / (excess_lo - excess_hi))).to(tl.int64)
-        trial = tl.minimum(tl.maximum(lo + step, tl.maximum(lo + 1, hi - budget)), tl.minimum(hi - 1, lo + budget))
-        at_or_above = key >= trial.to(tl.uint32)           # trial >= 2: dead keys never count
-        if stalled:                              # also the nearest live keys: no key in [trial, up) or (down, trial)
-            count, up, down = tl.reduce((at_or_above.to(tl.int32), tl.where(at_or_above, key, 0xFFFFFFFF),
-                                         tl.where(at_or_above, 0, key)), 0, _count_and_neighbours)
-        else:
-            count = tl.sum(at_or_above.to(tl.int32), axis=0)
-            up = trial.to(tl.uint32)
-            down = (trial - 1).to(tl.uint32)
-        excess = (count - want).to(tl.float32)
-        if excess >= 0:                          # count(>= up) = count
-            lo = up.to(tl.int64)
-            excess_lo = excess
-            stalled = kept == 1
-            excess_hi = tl.where(stalled, excess_hi * 0.5, excess_hi)
-            kept = 1
-        else:                                    # count(>= down + 1) = count
-            hi = down.to(tl.int64) + 1
-            excess_hi = excess
-            stalled = kept == -1
-            excess_lo = tl.where(stalled, excess_lo * 0.5, excess_lo)
-            kept = -1
-    return tl.where(want > 0, lo, 0xFFFFFFFF).to(tl.uint32), want
-
-
-@triton.jit
-def selection_slots(key, threshold, want):
-    """``(slot, chosen)`` for a block of keys (at most 32768) and ``kth_largest``'s result: the keys
-    above ``threshold`` take slots ``0..`` in block order, then as many keys equal to it as fill
-    ``want``; the others are not chosen."""
-    above = key > threshold
-    tie = key == threshold
-    # One scan for both slot sequences: above in the low 16 bits, ties in the high (block <= 32768).
-    both = above.to(tl.int32) + (tie.to(tl.int32) << 16)
-    written = tl.sum(both, axis=0) & 0xFFFF
-    slots = tl.cumsum(both, axis=0) - both          # exclusive: (ties before) << 16 | (above before)
-    rank = slots >> 16
-    return tl.where(above, slots & 0xFFFF, written + rank), above | (tie & (rank < want - written))
-
-
-@triton.jit
-def live_key(key, live):
-    """``key`` (``sort_key``) at least 1 where ``live`` and 0 (dead) elsewhere: keys 0 and 1 are both -NaN."""
-    return tl.where(live, tl.maximum(key, 1), 0)
 
 
 @triton.jit
@@ -207,14 +121,6 @@ def _select_streamed(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER: tl.c
     return want
 
 
-@triton.jit
-def pad(dst, want, k, BLOCK: tl.constexpr):
-    """-1 in ``dst[want:k]``."""
-    for c0 in range(0, k, BLOCK):
-        c = c0 + tl.arange(0, BLOCK)
-        tl.store(dst + c, tl.full((BLOCK,), -1, tl.int32), mask=(c >= want) & (c < k))
-
-
 # The row bounds are scalar loads: their addresses' alignment is not specialized. The integers are:
 # Triton's divisibility-by-16 of the row pitch (``stride_r``) lets a program load its row in 16-byte
 # vectors (1.39x faster at 128 x 32768 on the H100, docs/perf/README.md); the piece length and the
@@ -246,6 +152,55 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
     pad(dst, want, k, BLOCK)
 
 
+# The threshold path (threshold_topk.py): sample, filter, collect. Row pitch as above; the filter's
+# piece length is a multiple of 16 by construction.
+@triton.jit(do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
+def _threshold_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n,
+                      state_ptr, MODE: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, RUN: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
+    n = end - start
+    tau = tl.full((), 1, tl.uint32)
+    if n > CAP:
+        col, live = sample_columns(start, n, SAMPLE, RUN)
+        x = tl.load(logits_ptr + row * stride_r + col.to(tl.int64) * stride_c, mask=live, other=0.0)
+        tau = sample_threshold(live_key(sort_key(x), live), n, CAP)
+    store_state(state_ptr, tl.num_programs(0), row, tau)
+
+
+@triton.jit(do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
+def _filter_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n,
+                   state_ptr, cand_ptr, chunk, MODE: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
+    lo = start + tl.program_id(1) * chunk
+    hi = tl.minimum(end, lo + chunk)
+    tau = load_tau(state_ptr, row)
+    src = logits_ptr + row * stride_r
+    cand = cand_ptr + row * (2 * CAP)
+    count_ptr = state_ptr + tl.num_programs(0) + row
+    for c0 in range(lo, hi, BLOCK):
+        c = c0 + tl.arange(0, BLOCK)
+        live = c < hi
+        x = tl.load(src + c.to(tl.int64) * stride_c, mask=live, other=0.0)
+        append_at_least(cand, count_ptr, live_key(sort_key(x), live), c, tau, CAP)
+
+
+@triton.jit(do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
+def _collect_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n,
+                    state_ptr, cand_ptr, out_ptr, out_stride, k, MODE: tl.constexpr, CAP: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
+    count, complete = collected(state_ptr, tl.num_programs(0), row, tl.minimum(k, end - start), CAP)
+    dst = out_ptr + row * out_stride
+    if complete:
+        want = collect(cand_ptr + row * (2 * CAP), count, k, start, dst, CAP)
+    else:                                        # the sample misjudged the row: select from the row itself
+        want = _select_streamed(logits_ptr + row * stride_r, stride_c, cand_ptr, start, end, k, start, dst, False,
+                                CAP)
+    pad(dst, want, k, CAP)
+
+
 def indexer_topk(target: Target, a):
     R, W = a.logits.shape
     out = topk_output(a)
@@ -262,6 +217,8 @@ def indexer_topk(target: Target, a):
         strides = (a.seq_lens.stride(0), a.seq_lens.stride(1) if two_d else 0)
     rows = (a.logits, a.logits.stride(0), a.logits.stride(1), starts, ends, lens, *strides, next_n)
     sms = multiprocessors(a.logits.device)
+    if by_threshold(W, a.k, tune):
+        return _by_threshold(target, rows, mode, a.k, out, sms)
     pieces, piece = _split(R, W, a.k, tune, sms)
     launch = functools.partial(_launch, rows, mode, tune, target.warp_lanes, a.k)
     if pieces == 1:                              # one program per row (its one piece: the whole row)
@@ -271,6 +228,32 @@ def indexer_topk(target: Target, a):
     cand = torch.empty(R, _round16(n_cand), dtype=torch.int32, device=a.logits.device)
     launch((R, pieces), cand, 0, 0, cand, cand.stride(0), piece, piece, gather=False, local=False)
     launch((R, 1), cand, cand.stride(0), n_cand, out, a.k, _round16(W), n_cand, gather=True, local=True)
+    return out
+
+
+def by_threshold(W: int, k: int, tune) -> bool:
+    """Whether rows of width W run the threshold path: at least ``topk_threshold_min`` columns, more
+    than the candidate slots, and the slots fit one collect program."""
+    cap = threshold_topk.capacity(k)
+    return W >= tune.topk_threshold_min and W > cap and threshold_topk.fits(k)
+
+
+def _by_threshold(target: Target, rows: tuple, mode: int, k: int, out, sms: int):
+    """Sample, filter, collect (threshold_topk.py) into ``out``."""
+    tune, lanes = target.tuning, target.warp_lanes
+    logits = rows[0]
+    R, W = logits.shape
+    cap = threshold_topk.capacity(k)
+    sample = threshold_topk.sample_size(tune, W, cap)
+    cand, state = threshold_topk.workspace(R, cap, logits.device)
+    pieces = max(1, min(triton.cdiv(tune.topk_filter_programs * sms, R), triton.cdiv(W, tune.topk_filter_block)))
+    keys_per_thread = tune.topk_keys_per_thread
+    _threshold_kernel[(R,)](*rows, state, MODE=mode, CAP=cap, SAMPLE=sample, RUN=min(32, sample),
+                            num_warps=resident_warps(sample, keys_per_thread, lanes))
+    _filter_kernel[(R, pieces)](*rows, state, cand, _round16(triton.cdiv(W, pieces)), MODE=mode, CAP=cap,
+                                BLOCK=tune.topk_filter_block, num_warps=tune.topk_filter_warps)
+    _collect_kernel[(R,)](*rows, state, cand, out, k, k, MODE=mode, CAP=cap,
+                          num_warps=resident_warps(cap, keys_per_thread, lanes))
     return out
 
 
@@ -296,12 +279,6 @@ def _split(R: int, W: int, k: int, tune, sms: int) -> tuple[int, int]:
     return pieces, _round16(max(triton.cdiv(W, pieces), k))
 
 
-def resident_warps(block: int, keys_per_thread: int, lanes: int) -> int:
-    """Warps of a program holding ``block`` keys in registers: about ``keys_per_thread`` keys per
-    thread, at least 4 warps, at most 1024 threads (16 warps of 64 lanes on CDNA GPUs)."""
-    return min(max(block // (lanes * keys_per_thread), 4), 1024 // lanes)
-
-
 def launch_variant(span: int, tune, lanes: int) -> tuple[bool, int, int]:
     """(RESIDENT, BLOCK, warps) of a launch whose programs each select among ``span`` positions:
     resident (a power-of-two width class) when they fit ``topk_resident``, else streamed."""
@@ -320,8 +297,11 @@ def launch_variants(R: int, W: int, k: int, tune, lanes: int, sms: int) -> tuple
     """The compile-time choices of a call with R contiguous rows of width W: (GATHER, LOCAL,
     RESIDENT, BLOCK, warps, row pitch class) per launch (one launch, or the pieces' and the
     candidates' selections)."""
-    pieces, piece = _split(R, W, k, tune, sms)
     pitch = pitch_class(W)
+    if by_threshold(W, k, tune):
+        cap = threshold_topk.capacity(k)
+        return (("threshold", cap, threshold_topk.sample_size(tune, W, cap), pitch),)
+    pieces, piece = _split(R, W, k, tune, sms)
     if pieces == 1:
         return ((False, True, *launch_variant(W, tune, lanes), pitch),)
     return ((False, False, *launch_variant(piece, tune, lanes), pitch),

@@ -16,12 +16,11 @@ import triton.language as tl
 
 from dsv4ops import registry
 
-from . import streaming_topk
+from . import paged_mqa_topk, streaming_topk
 from .indexer_topk import indexer_topk
 from .mqa_logits import mqa_logits, operands, query_block, tile_logits
-from .paged_mqa_topk import per_chunk
 from .streaming_topk import finish, live_keys, offer
-from .tuning import Target, fused_topk_fits
+from .tuning import Target, fused_in_chunks, fused_topk_fits
 
 
 @triton.jit(do_not_specialize=["T"], do_not_specialize_on_alignment=["ks_ptr", "ke_ptr"])
@@ -56,8 +55,9 @@ def mqa_topk(target: Target, a):
     if S == 0:
         return out.fill_(-1)
     tile = target.tuning.mqa_block_s
-    if not fused_topk_fits(a.topk, tile):
-        return _chunked(target, a, out)
+    if fused_in_chunks(target.tuning, a.topk, tile):
+        budget = target.tuning.fused_prefill_chunk_bytes if fused_topk_fits(a.topk, tile) else paged_mqa_topk.WORKSPACE_BYTES
+        return _chunked(target, a, out, budget)
     plan, ws = streaming_topk.workspace(target, T, a.topk, tile, a.q.device)
     q, k, keys_mxfp4, q_mxfp4, h_pad = operands(target, a)
     _score_and_keep_kernel[(T, plan.pieces)](
@@ -67,10 +67,10 @@ def mqa_topk(target: Target, a):
     return streaming_topk.merge(target, plan, ws, a.topk, out, starts=a.ks)
 
 
-def _chunked(target: Target, a, out):
+def _chunked(target: Target, a, out, budget: int):
     """The composition over chunks of query rows (a ``topk`` too large for the fused kernel)."""
     T, S = a.q.shape[0], a.k.shape[0]
-    chunk = per_chunk(S * 4)                                          # query rows per chunk
+    chunk = paged_mqa_topk.per_chunk(S * 4, budget)                                          # query rows per chunk
     workspace = torch.empty(min(chunk, T), S, dtype=torch.float32, device=a.q.device)
     logits_args, topk_args = registry.get_op("mqa_logits").Args, registry.get_op("indexer_topk").Args
     for t0 in range(0, T, chunk):

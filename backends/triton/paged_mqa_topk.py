@@ -19,7 +19,7 @@ from . import streaming_topk
 from .indexer_topk import indexer_topk
 from .paged_mqa_logits import key_tile, paged_mqa_logits, queries, row_limits, tile_logits
 from .streaming_topk import finish, live_keys, offer
-from .tuning import Target, fused_topk_fits
+from .tuning import Target, fused_in_chunks, fused_topk_fits
 
 WORKSPACE_BYTES = 16 << 20
 
@@ -55,8 +55,9 @@ def paged_mqa_topk(target: Target, a):
     if B == 0:
         return out
     tile = target.tuning.logits_block_t
-    if not fused_topk_fits(a.topk, tile):
-        return _chunked(target, a, out)
+    if fused_in_chunks(target.tuning, a.topk, tile):
+        budget = target.tuning.fused_chunk_bytes if fused_topk_fits(a.topk, tile) else WORKSPACE_BYTES
+        return _chunked(target, a, out, budget)
     plan, ws = streaming_topk.workspace(target, B * next_n, a.topk, tile, a.q.device)
     q, keys_mxfp4, q_mxfp4, h_pad = queries(target, a)
     lens = a.context_lens
@@ -69,15 +70,15 @@ def paged_mqa_topk(target: Target, a):
     return streaming_topk.merge(target, plan, ws, a.topk, out)
 
 
-def per_chunk(row_bytes: int) -> int:
-    """How many units of ``row_bytes`` logits fit the workspace (at least one)."""
-    return max(1, WORKSPACE_BYTES // max(1, row_bytes))
+def per_chunk(row_bytes: int, budget: int) -> int:
+    """How many units of ``row_bytes`` logits fit ``budget`` bytes (at least one)."""
+    return max(1, budget // max(1, row_bytes))
 
 
-def _chunked(target: Target, a, out):
+def _chunked(target: Target, a, out, budget: int):
     """The composition over chunks of requests (a ``topk`` too large for the fused kernel)."""
     B, next_n = a.q.shape[:2]
-    chunk = per_chunk(next_n * a.max_context_len * 4)                 # requests per chunk
+    chunk = per_chunk(next_n * a.max_context_len * 4, budget)                 # requests per chunk
     workspace = torch.empty(min(chunk, B) * next_n, a.max_context_len, dtype=torch.float32, device=a.q.device)
     logits_args, topk_args = registry.get_op("paged_mqa_logits").Args, registry.get_op("indexer_topk").Args
     for b0 in range(0, B, chunk):

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from dsv4ops.platform import multiprocessors
 
-from .indexer_topk import kth_largest, live_key, pad, resident_warps, selection_slots, sort_key
+from .kth import kth_largest, live_key, pad, resident_warps, selection_slots, sort_key
 from .tuning import FUSED_MAX_BLOCK, Target, fused_cap
 
 

@@ -42,8 +42,17 @@ class Tuning:
     topk_resident: int = 32768      # the most positions a program selects from in registers
     topk_min_piece: int = 4096      # shortest piece a row is split into to fill the GPU
     topk_keys_per_thread: int = 32  # resident selection: keys each thread holds (sets the warps: >= 4, <= 1024 threads)
+    topk_threshold_min: int = 16384  # rows at least this wide select through a sampled threshold (threshold_topk.py)
+    topk_sample: int = 2048         # ... keys sampled per row for the threshold
+    topk_filter_block: int = 1024   # ... keys per step of a filter program
+    topk_filter_warps: int = 4
+    topk_filter_programs: int = 4   # ... filter programs per multiprocessor (sets the pieces a row is split into)
     fused_programs_per_sm: int = 4  # paged_mqa_topk / mqa_topk: stage-1 programs per multiprocessor (sets the pieces)
     fused_max_pieces: int = 4       # ... at most this many pieces a row (the workspace grows with them)
+    fused_path: str = "auto"        # paged_mqa_topk / mqa_topk: stream (the fused kernel), chunks (logits, then top-k,
+                                    # over chunks of rows whose logits fit the bytes below) or auto (chunks)
+    fused_chunk_bytes: int = 4194304             # paged_mqa_topk's chunks
+    fused_prefill_chunk_bytes: int = 16777216    # mqa_topk's chunks
     insert_heads: int = 4           # query heads per qnorm_rope_kv_insert program
     insert_warps: int = 4
     inv_rope_heads: int = 4         # heads per inv_rope_fp8_quant program
@@ -74,9 +83,11 @@ _TABLE = {
                              logits_block_t=128,
                              mqa_block_q=2, mqa_block_s=128, mqa_chunk_s=2048, mqa_warps=8, mqa_stages=3,
                              topk_block=8192, topk_warps=16, topk_resident=16384, topk_min_piece=2048,
+                             topk_filter_block=512, topk_filter_programs=32,
                              insert_heads=4, insert_warps=2, compress_chunk=32),
     ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, prefill_block_h=16, prefill_block_k=16,
-                          topk_block=64, topk_resident=128, topk_min_piece=32, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
+                          topk_block=64, topk_resident=128, topk_min_piece=32, topk_threshold_min=256,
+                          topk_sample=32, topk_filter_block=64, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
                           einsum_block_m=16, einsum_block_n=128),
 }
 
@@ -93,6 +104,13 @@ def fused_topk_fits(k: int, tile: int) -> bool:
     """Whether the fused indexers' candidate slice (``fused_cap``, rounded up to a power of two) fits
     one program (``FUSED_MAX_BLOCK``); larger ``k`` run the chunked composition."""
     return 1 << (fused_cap(k, tile) - 1).bit_length() <= FUSED_MAX_BLOCK
+
+
+def fused_in_chunks(tune: Tuning, k: int, tile: int) -> bool:
+    """Whether paged_mqa_topk / mqa_topk run as this backend's logits and top-k over chunks of rows:
+    ``fused_path`` chunks or auto (faster than the fused kernel on the H100 at every production and
+    sweep shape, docs/perf/README.md), or a ``k`` too large for the fused kernel (``fused_topk_fits``)."""
+    return tune.fused_path != "stream" or not fused_topk_fits(k, tile)
 
 
 @dataclass(frozen=True)
@@ -165,8 +183,8 @@ def _allowed(name: str, value: int | str, max_warps: int) -> str | None:
     return None if power_of_two and value >= minimum else f"a power of two, at least {minimum}"
 
 
-_CHOICES = {"einsum_tma": (0, 1), "fp8_path": ("auto", "soft", "hw")}
-_WORDS = ("fp8_path",)                  # tunables whose values are words, not integers
+_CHOICES = {"einsum_tma": (0, 1), "fp8_path": ("auto", "soft", "hw"), "fused_path": ("auto", "stream", "chunks")}
+_WORDS = ("fp8_path", "fused_path")     # tunables whose values are words, not integers
 _MAXIMUM = {"topk_resident": 32768}     # a resident top-k counts its output slots in 16-bit fields
 _DOT_OPERANDS = ("decode_block_h", "decode_block_k", "prefill_block_h", "prefill_block_k", "einsum_block_m",
                  "einsum_block_n", "mqa_block_s")

@@ -18,7 +18,7 @@ from dsv4ops.conformance.cases import make_case
 if TRITON:
     import triton
     import triton.language as tl
-    from dsv4ops.backends.triton.indexer_topk import kth_largest
+    from dsv4ops.backends.triton.kth import kth_largest
 
     @triton.jit
     def _search(keys_ptr, k_ptr, out_ptr, BLOCK: tl.constexpr):
@@ -137,3 +137,40 @@ def test_topk_expanded_row_starts(backend):
     got = dsv4ops.indexer_topk(**kw, backend=backend)
     assert torch.equal(got.sort(1).values, want.sort(1).values)
 
+
+
+# --- the threshold path (threshold_topk.py) --------------------------------------------------
+
+@needs_triton
+@pytest.mark.parametrize("data,complete", [("random", True), ("heavy_tail", True), ("plateau", False)])
+def test_threshold_path_collects_from_candidates_or_falls_back(monkeypatch, data, complete):
+    """Rows wider than the candidate slots: random rows end with a candidate count in [k, CAP]
+    (their top-k comes from the candidates), a plateau of equal keys at the threshold overflows the
+    slots (the collect program selects from the row itself); both match the reference. Rows no
+    wider than the slots take every live key (count = length)."""
+    from dsv4ops.backends.triton import indexer_topk as triton_topk
+    from dsv4ops.backends.triton import threshold_topk
+    from dsv4ops.backends.triton.tuning import Tuning, _TABLE
+    from dsv4ops.ops.indexer_topk import compare
+
+    made, workspace = [], threshold_topk.workspace
+
+    def recording_workspace(rows, cap, device):
+        made.append(workspace(rows, cap, device))
+        return made[-1]
+
+    monkeypatch.setattr(threshold_topk, "workspace", recording_workspace)
+    R, W, k = 4, 1024, 64                       # CPU tunables: CAP 256, a 32-key sample
+    assert triton_topk.by_threshold(W, k, _TABLE.get(("cpu", None), Tuning()))
+    params = dict(R=R, W=W, k=k, mode="ranges", data=data)
+    kw = build_inputs("indexer_topk", "cpu", G(7), **params)
+    got = dsv4ops.indexer_topk(**kw, backend="triton")
+    verdict = compare(params, kw, dsv4ops.indexer_topk(**kw, backend="reference"), kw, got)
+    assert verdict.ok, verdict.message
+    (_, state), = made
+    lengths = (kw["row_ends"] - kw["row_starts"]).tolist()
+    for count, n in zip(state[1].tolist(), lengths):
+        if n <= 256:
+            assert count == n
+        else:
+            assert (k <= count <= 256) == complete, (count, n)

@@ -31,7 +31,7 @@ def conforms(params, kw, got) -> bool:
     dict(T=6, S=64, ranges="random", corner="empty", topk=40),    # rows shorter than topk, empty rows
 ])
 def test_fused_passes_the_conformance_rule(env, pieces, shape):
-    env(DSV4OPS_TRITON_TUNING=f"fused_max_pieces={pieces}")
+    env(DSV4OPS_TRITON_TUNING=f"fused_path=stream,fused_max_pieces={pieces}")
     params = dict(H=8, **shape)
     kw = build_inputs("mqa_topk", "cpu", G(), **params)            # keys outside every range are NaN
     got = dsv4ops.mqa_topk(**kw, backend="triton")
@@ -40,7 +40,7 @@ def test_fused_passes_the_conformance_rule(env, pieces, shape):
 
 
 def test_ties_keep_any_of_the_equal_keys(env):
-    env(DSV4OPS_TRITON_TUNING="fused_max_pieces=2")
+    env(DSV4OPS_TRITON_TUNING="fused_path=stream,fused_max_pieces=2")
     params = dict(T=4, S=120, H=8, ranges="causal", topk=6)
     kw = build_inputs("mqa_topk", "cpu", G(), **params)
     covered = ~kw["k_scale"].isnan()
@@ -51,13 +51,23 @@ def test_ties_keep_any_of_the_equal_keys(env):
     assert conforms(params, kw, got)
 
 
-def test_the_fused_call_allocates_only_its_workspace(monkeypatch):
+def test_the_fused_call_allocates_only_its_workspace(env, monkeypatch):
+    env(DSV4OPS_TRITON_TUNING="fused_path=stream")
     kw = build_inputs("mqa_topk", "cpu", G(), T=6, S=300, H=4, ranges="causal", topk=8)
     sizes = allocation_sizes(monkeypatch, (streaming_topk, triton_mqa_topk),
                              lambda: dsv4ops.mqa_topk(**kw, backend="triton"))
     tune = tuning(platform("cpu"))
     plan = streaming_topk.plan(6, 8, tune.mqa_block_s, tune, sms=4)
     assert sorted(sizes) == sorted([plan.workspace_bytes(6), 6 * 8 * 4])     # no [T, S] buffer
+
+
+def test_the_chunked_call_allocates_one_chunk_of_logits(env, monkeypatch):
+    """The default path: logits of the query rows that fit ``fused_prefill_chunk_bytes`` (3 rows of
+    300 keys here), the top-k's own allocations, and the indices; never ``[T, S]``."""
+    env(DSV4OPS_TRITON_TUNING="fused_prefill_chunk_bytes=4096")
+    kw = build_inputs("mqa_topk", "cpu", G(), T=6, S=300, H=4, ranges="causal", topk=8)
+    sizes = allocation_sizes(monkeypatch, (triton_mqa_topk,), lambda: dsv4ops.mqa_topk(**kw, backend="triton"))
+    assert max(sizes) < 6 * 300 * 4 and 3 * 300 * 4 in sizes, sizes
 
 
 def test_row_chunks_select_what_the_composition_selects(monkeypatch):

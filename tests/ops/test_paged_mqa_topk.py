@@ -6,7 +6,7 @@ import importlib
 import pytest
 import torch
 from dsv4ops.backends.triton import paged_mqa_topk as triton_paged_topk
-from dsv4ops.backends.triton import streaming_topk
+from dsv4ops.backends.triton import streaming_topk, threshold_topk
 from dsv4ops.backends.triton.tuning import tuning
 
 import dsv4ops
@@ -54,7 +54,7 @@ def poison_beyond_lengths(kw):
     dict(B=4, next_n=2, context=48, topk=6, corner="padded_rows"),
 ])
 def test_fused_selects_what_the_composition_selects(env, pieces, shape):
-    env(DSV4OPS_TRITON_TUNING=f"fused_max_pieces={pieces}")
+    env(DSV4OPS_TRITON_TUNING=f"fused_path=stream,fused_max_pieces={pieces}")
     params = dict(H=8, block_size=16, **shape)
     kw = build_inputs("paged_mqa_topk", "cpu", G(), **params)
     poison_beyond_lengths(kw)
@@ -75,7 +75,7 @@ def test_the_first_shape_compacts_several_times_per_piece():
 @needs_triton
 def test_ties_keep_any_of_the_equal_keys(env):
     """Every key of a request's pages equal to one of two tokens: most logits tie exactly."""
-    env(DSV4OPS_TRITON_TUNING="fused_max_pieces=2")
+    env(DSV4OPS_TRITON_TUNING="fused_path=stream,fused_max_pieces=2")
     params = dict(B=2, next_n=2, context=96, H=8, block_size=16, topk=7)
     kw = build_inputs("paged_mqa_topk", "cpu", G(), **params)
     values, scales = formats.index_key_views(kw["kv_cache"])
@@ -90,7 +90,7 @@ def test_ties_keep_any_of_the_equal_keys(env):
 
 @needs_triton
 def test_fused_passes_the_conformance_rule_with_mxfp4_keys(env):
-    env(DSV4OPS_TRITON_TUNING="fused_max_pieces=2")
+    env(DSV4OPS_TRITON_TUNING="fused_path=stream,fused_max_pieces=2")
     case = make_case("paged_mqa_topk", B=2, next_n=3, context=64, H=32, block_size=16, layout="index_mxfp4",
                      q_fmt="mxfp4", topk=5, out=True)
     assert run_case(case, "triton", "cpu").status == "pass"
@@ -109,7 +109,8 @@ def test_workspace_formula_is_bounded_and_independent_of_the_context():
 
 
 @needs_triton
-def test_the_fused_call_allocates_only_its_workspace(monkeypatch):
+def test_the_fused_call_allocates_only_its_workspace(env, monkeypatch):
+    env(DSV4OPS_TRITON_TUNING="fused_path=stream")
     kw = build_inputs("paged_mqa_topk", "cpu", G(), B=4, next_n=2, context=256, H=4, block_size=16, topk=8)
     sizes = allocation_sizes(monkeypatch, (streaming_topk, triton_paged_topk),
                              lambda: dsv4ops.paged_mqa_topk(**kw, backend="triton"))
@@ -119,8 +120,11 @@ def test_the_fused_call_allocates_only_its_workspace(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_peak_memory_on_the_gpu_is_the_workspace():
-    """32 requests of 128K keys, k=512 (the inputs of B=128 need 9 GB of host memory to build)."""
+@pytest.mark.parametrize("path", ["chunks", "stream"])
+def test_peak_memory_on_the_gpu_is_the_workspace(env, path):
+    """32 requests of 128K keys, k=512 (the inputs of B=128 need 9 GB of host memory to build): the
+    chunked path holds one chunk's logits and the top-k's workspace, the fused kernel its plan's."""
+    env(DSV4OPS_TRITON_TUNING=f"fused_path={path}")
     kw = build_inputs("paged_mqa_topk", "cuda", G(), B=32, next_n=1, context=131072, H=64, block_size=64, topk=512,
                       lens_dim=1)
     dsv4ops.paged_mqa_topk(**kw, backend="triton")                       # compiled and warm
@@ -130,16 +134,39 @@ def test_peak_memory_on_the_gpu_is_the_workspace():
     dsv4ops.paged_mqa_topk(**kw, backend="triton")
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
-    logits_buffer = 32 * kw["max_context_len"] * 4
+    width = kw["max_context_len"]
+    logits_buffer = 32 * width * 4
     device = kw["q"].device
     tune = tuning(platform(device))
-    plan = streaming_topk.plan(32, 512, tune.logits_block_t, tune, multiprocessors(device))
+    if path == "stream":
+        workspace = streaming_topk.plan(32, 512, tune.logits_block_t, tune, multiprocessors(device)).workspace_bytes(32)
+    else:
+        rows = triton_paged_topk.per_chunk(width * 4, tune.fused_chunk_bytes)
+        workspace = rows * width * 4 + threshold_topk.workspace_bytes(rows, threshold_topk.capacity(512))
     fp16_queries = kw["q"].numel() * 2                                    # the software fp8 path's decode
-    assert peak <= plan.workspace_bytes(32) + 32 * 512 * 4 + fp16_queries, (peak, plan)
+    assert peak <= workspace + 32 * 512 * 4 + fp16_queries, (peak, workspace)
     assert peak < logits_buffer / 8, (peak, logits_buffer)
 
 
-# --- the chunked composition, for a topk whose buffer cannot fit a program -----------------------
+# --- the chunked composition: the default path, and a topk whose buffer cannot fit a program ------
+
+@needs_triton
+@pytest.mark.parametrize("next_n", [1, 2])
+def test_the_default_path_runs_chunks_of_the_budget(env, monkeypatch, next_n):
+    """``fused_path`` auto: logits of the requests that fit ``fused_chunk_bytes`` (two here), then
+    the top-k, chunk after chunk; the same selection as one composed call, and no [rows, context]
+    buffer."""
+    kw = build_inputs("paged_mqa_topk", "cpu", G(), B=5, next_n=next_n, context=64, H=8, block_size=16, topk=8)
+    row_bytes = next_n * kw["max_context_len"] * 4
+    env(DSV4OPS_TRITON_TUNING=f"fused_chunk_bytes={2 * row_bytes}")            # a power of two
+    sizes = allocation_sizes(monkeypatch, (triton_paged_topk,), lambda: dsv4ops.paged_mqa_topk(**kw, backend="triton"))
+    assert 2 * row_bytes in sizes and max(sizes) < 5 * row_bytes, sizes
+    got = dsv4ops.paged_mqa_topk(**kw, backend="triton")
+    logits = dsv4ops.paged_mqa_logits(kw["q"], kw["kv_cache"], kw["weights"], kw["context_lens"], kw["block_table"],
+                                      kw["max_context_len"], backend="triton")
+    want = dsv4ops.indexer_topk(logits, kw["topk"], seq_lens=kw["context_lens"], next_n=next_n, backend="triton")
+    assert torch.equal(got.sort(1).values, want.sort(1).values)
+
 
 @needs_triton
 @pytest.mark.parametrize("next_n", [1, 2])
@@ -148,7 +175,7 @@ def test_chunks_smaller_than_the_batch_select_what_the_composition_selects(monke
     kw = build_inputs("paged_mqa_topk", "cpu", G(), B=5, next_n=next_n, context=40, H=8, block_size=16, topk=16)
     monkeypatch.setattr(triton_tuning, "FUSED_MAX_BLOCK", 16)                 # no topk fits: the chunked path
     monkeypatch.setattr(triton_paged_topk, "WORKSPACE_BYTES", next_n * kw["max_context_len"] * 4)
-    assert triton_paged_topk.per_chunk(next_n * kw["max_context_len"] * 4) == 1
+    assert triton_paged_topk.per_chunk(next_n * kw["max_context_len"] * 4, triton_paged_topk.WORKSPACE_BYTES) == 1
     got = dsv4ops.paged_mqa_topk(**kw, backend="triton")
     logits = dsv4ops.paged_mqa_logits(kw["q"], kw["kv_cache"], kw["weights"], kw["context_lens"], kw["block_table"],
                                       kw["max_context_len"], backend="triton")

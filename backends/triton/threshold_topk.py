@@ -1,0 +1,127 @@
+"""Top-k through a sampled threshold: the pieces shared by indexer_topk and the fused indexers
+(docs/ops.md §5, §12, §13).
+
+Three kernels per call, each over every row:
+
+1. **threshold**: from a sample of the row's keys (``SAMPLE`` keys in evenly spaced runs of
+   consecutive columns), ``tau``, the sample's key above which about ``CAP / 2`` of the row's live
+   keys are expected (``sample_threshold``); 1, every live key, when the row has at most ``CAP``.
+   The row's candidate count is zeroed.
+2. **filter**: programs over the row's keys append every live key ``>= tau``, with its column, to
+   the row's ``CAP`` candidate slots, reserving positions with one atomic add per block
+   (``append_at_least``). Every key is read once; nothing else is written.
+3. **collect**: when the count is in ``[want, CAP]`` (``want = min(k, live keys)``) every key of
+   the row's top ``want`` is ``>= tau`` and all of them were kept, so the top ``k`` of the
+   candidates is the row's (``collect``). Otherwise the sample misjudged the row (thousands of
+   keys equal at the threshold, logits sorted along the row) and the collect program selects
+   exactly from the row itself, slowly but correctly.
+
+Workspace, per call: int32 ``[rows, 2, CAP]`` candidates (order-preserving uint32 keys, then
+columns) and int32 ``[2, rows]`` (``tau``, count): ``rows * (2 * CAP + 2) * 4`` bytes, independent
+of the row length. ``CAP`` is ``4 * k`` rounded up to a power of two (``capacity``): with a 2048-key
+sample of a 32768-key row and ``k = 512`` the expected count is 1024 with a standard deviation
+about 128, four deviations from either end.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .kth import kth_largest, selection_slots
+
+MAX_CAP = 32768             # candidate slots a collect program selects from in registers (16-bit slot counts)
+SAMPLED_RANK = 64           # the sample's rank of tau at the widest row: the count deviates about 1/8 (4 deviations to either end)
+
+
+def capacity(k: int, least: int = 16) -> int:
+    """Candidate slots per row for ``k``: ``4 * k`` (and ``least``) rounded up to a power of two."""
+    return triton.next_power_of_2(max(4 * k, least))
+
+
+def fits(k: int, least: int = 16) -> bool:
+    """Whether a row's candidates for ``k`` fit one collect program (``MAX_CAP``)."""
+    return capacity(k, least) <= MAX_CAP
+
+
+def sample_size(tune, width: int, cap: int) -> int:
+    """Keys sampled per row of at most ``width`` keys: enough that the sample's rank behind ``tau``
+    is at least ``SAMPLED_RANK`` (relative deviation of the count about 1/sqrt of it), at least
+    ``topk_sample``, at most ``MAX_CAP``; a power of two."""
+    return min(MAX_CAP, max(tune.topk_sample, triton.next_power_of_2(-(-SAMPLED_RANK * width // (cap // 2)))))
+
+
+def workspace(rows: int, cap: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(candidates int32 ``[rows, 2, cap]``, state int32 ``[2, rows]``: tau, count), uninitialised
+    (the threshold kernel writes the state before the filter reads it)."""
+    return (torch.empty(rows, 2, cap, dtype=torch.int32, device=device),
+            torch.empty(2, rows, dtype=torch.int32, device=device))
+
+
+def workspace_bytes(rows: int, cap: int) -> int:
+    return rows * (2 * cap + 2) * 4
+
+
+@triton.jit
+def sample_columns(start, n, SAMPLE: tl.constexpr, RUN: tl.constexpr):
+    """(columns, live) of a sample of ``[start, start + n)``: ``SAMPLE // RUN`` evenly spaced runs
+    of ``RUN`` consecutive columns; the whole range (the rest not live) when ``n <= SAMPLE``."""
+    i = tl.arange(0, SAMPLE)
+    spaced = start + (i // RUN) * (n // (SAMPLE // RUN)) + i % RUN
+    return tl.where(n > SAMPLE, spaced, start + i), i < n
+@triton.jit
+def sample_threshold(key, n, CAP: tl.constexpr):
+    """``tau`` (uint32 >= 1) from sample keys ``key`` (live >= 1, dead 0) of a row with ``n`` live
+    keys, ``n > CAP``: the sample's ``ceil(CAP / 2 * live / n)``-th largest key. A sample with no
+    live key gives all ones (nothing passes: the collect falls back)."""
+    live = tl.sum((key > 0).to(tl.int32), axis=0)
+    rank = ((CAP // 2) * live.to(tl.int64) + n - 1) // n
+    tau, _ = kth_largest(key, tl.maximum(rank, 1).to(tl.int32))
+    return tl.maximum(tau, 1)
+
+
+@triton.jit
+def store_state(state_ptr, rows, row, tau):
+    """The row's ``tau`` and a zero count."""
+    tl.store(state_ptr + row, tau.to(tl.int32, bitcast=True))
+    tl.store(state_ptr + rows + row, 0)
+
+
+@triton.jit
+def load_tau(state_ptr, row):
+    return tl.load(state_ptr + row).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def append_at_least(cand, count_ptr, key, col, tau, CAP: tl.constexpr):
+    """Appends the entries of a block (``key`` uint32 from ``live_key``, ``col`` int32) whose key is
+    at least ``tau`` (>= 1: dead keys never pass) to the row's candidates ``cand`` (keys, then the
+    columns ``CAP`` slots on). ``count_ptr`` counts every such entry, also those past ``CAP``."""
+    keep = key >= tau
+    n = tl.sum(keep.to(tl.int32), axis=0)
+    if n > 0:
+        pos = tl.atomic_add(count_ptr, n) + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+        kept = keep & (pos < CAP)
+        tl.store(cand + pos, key.to(tl.int32, bitcast=True), mask=kept)
+        tl.store(cand + CAP + pos, col, mask=kept)
+
+
+@triton.jit
+def collected(state_ptr, rows, row, want, CAP: tl.constexpr):
+    """(count, whether the candidates hold the row's top ``want``: ``want <= count <= CAP``)."""
+    count = tl.load(state_ptr + rows + row)
+    return count, (count >= want) & (count <= CAP)
+
+
+@triton.jit
+def collect(cand, count, k, base, dst, CAP: tl.constexpr):
+    """The top ``k`` of the ``count`` candidates at ``cand`` to ``dst`` as ``column - base`` int32
+    (ties as many as fill ``k``); returns how many (``min(k, count)``)."""
+    slot = tl.arange(0, CAP)
+    have = slot < count
+    key = tl.load(cand + slot, mask=have, other=0).to(tl.uint32, bitcast=True)
+    col = tl.load(cand + CAP + slot, mask=have, other=0)
+    threshold, want = kth_largest(key, k)
+    dst_slot, chosen = selection_slots(key, threshold, want)
+    tl.store(dst + dst_slot, col - base, mask=chosen)
+    return want
