@@ -226,10 +226,15 @@ def representative_calls(op: str, dims: ModelDims, lim: Limits, ctx: Context) ->
         return [dict(T=rows, S=256, H=dims.index_heads, topk=k)
                 for rows in fused_topk_rows(k, ctx.tune.mqa_block_s, lim.max_tokens, ctx)]
     if op == "paged_mqa_topk":
+        # Requests whose logits fit fused_chunk_bytes run logits and top-k in chunks (their variants
+        # are those two ops'); longer ones, where the limits allow them, the fused kernel.
         n, k = lim.next_n, dims.index_topk
-        return [dict(B=rows // n, next_n=n, context=2 * lim.c4_block, H=dims.index_heads, block_size=lim.c4_block,
-                     lens_dim=d, topk=k)
-                for rows in fused_topk_rows(k, ctx.tune.logits_block_t, lim.max_tokens, ctx, n) for d in (1, 2)]
+        contexts = [2 * lim.c4_block]
+        if n * lim.index_width * 4 > ctx.tune.fused_chunk_bytes:
+            contexts.append(lim.index_width)
+        return [dict(B=rows // n, next_n=n, context=c, H=dims.index_heads, block_size=lim.c4_block, lens_dim=d, topk=k)
+                for c in contexts for rows in fused_topk_rows(k, ctx.tune.logits_block_t, lim.max_tokens, ctx, n)
+                for d in (1, 2)]
     raise InputError(f"warm-up knows no variants of op {op!r}")
 
 

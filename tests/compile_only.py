@@ -1,5 +1,7 @@
 """Compile every Triton kernel the quick conformance tier launches for a GPU target, on a machine
-without one: ``python tests/compile_only.py cuda:sm90 [--all-layouts] [--asm DIR]``.
+without one: ``python tests/compile_only.py cuda:sm90 [--all-layouts] [--asm DIR] [--ops A,B]
+[--tuning SPEC]`` (``--tuning``: Triton tunables as ``DSV4OPS_TRITON_TUNING`` takes them, e.g. a
+kernel family the defaults do not pick; ``--ops``: only those ops' cases).
 
 The Triton interpreter (how CI runs the kernels) never runs Triton's code generator, so a kernel can
 pass every CPU test and still fail to compile for a GPU (a variable with two shapes across
@@ -76,7 +78,10 @@ def code_only(asm: str) -> str:
 
 def main(argv) -> int:
     name, all_layouts = argv[0], "--all-layouts" in argv
-    asm_dir = Path(argv[argv.index("--asm") + 1]) if "--asm" in argv else None
+    option = lambda flag: argv[argv.index(flag) + 1] if flag in argv else None
+    asm_dir = Path(option("--asm")) if option("--asm") else None
+    if option("--tuning"):
+        os.environ["DSV4OPS_TRITON_TUNING"] = option("--tuning")
     driver.set_active(CompileOnlyDriver(TARGETS[name]))
     compiled = set()
     launch = JITFunction.run
@@ -102,8 +107,9 @@ def main(argv) -> int:
     triton = registry.get_backend("triton")
     for op in OP_NAMES:
         triton.implementations[op][0].fn          # import the kernels now, compiled (not interpreted)
+    only = option("--ops").split(",") if option("--ops") else OP_NAMES
     with dsv4ops.simulate_platform(*name.split(":")) as plat:
-        for op in OP_NAMES:
+        for op in only:
             for case in cases(op, "quick"):
                 if not all_layouts and "strided" in case.kwargs:
                     continue

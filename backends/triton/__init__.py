@@ -128,7 +128,8 @@ def topk_grid_fits(plat: Platform, call) -> str | None:
     """paged_mqa_topk's fused kernel has no grid axis over the context; its chunked composition
     (``fused_in_chunks``) launches paged_mqa_logits' grid."""
     tune = tuning(plat)
-    if not fused_in_chunks(tune, call.topk, tune.logits_block_t):
+    row_bytes = call.q.shape[1] * call.max_context_len * 4
+    if not fused_in_chunks(tune, call.topk, tune.logits_block_t, row_bytes, tune.fused_chunk_bytes):
         return None
     return logits_grid_fits(plat, call)
 

@@ -55,8 +55,9 @@ def mqa_topk(target: Target, a):
     if S == 0:
         return out.fill_(-1)
     tile = target.tuning.mqa_block_s
-    if fused_in_chunks(target.tuning, a.topk, tile):
-        budget = target.tuning.fused_prefill_chunk_bytes if fused_topk_fits(a.topk, tile) else paged_mqa_topk.WORKSPACE_BYTES
+    fits = fused_topk_fits(a.topk, tile)
+    budget = target.tuning.fused_prefill_chunk_bytes if fits else paged_mqa_topk.WORKSPACE_BYTES
+    if fused_in_chunks(target.tuning, a.topk, tile, S * 4, budget):
         return _chunked(target, a, out, budget)
     plan, ws = streaming_topk.workspace(target, T, a.topk, tile, a.q.device)
     q, k, keys_mxfp4, q_mxfp4, h_pad = operands(target, a)

@@ -55,8 +55,8 @@ def paged_mqa_topk(target: Target, a):
     if B == 0:
         return out
     tile = target.tuning.logits_block_t
-    if fused_in_chunks(target.tuning, a.topk, tile):
-        budget = target.tuning.fused_chunk_bytes if fused_topk_fits(a.topk, tile) else WORKSPACE_BYTES
+    budget = target.tuning.fused_chunk_bytes if fused_topk_fits(a.topk, tile) else WORKSPACE_BYTES
+    if fused_in_chunks(target.tuning, a.topk, tile, next_n * a.max_context_len * 4, budget):
         return _chunked(target, a, out, budget)
     plan, ws = streaming_topk.workspace(target, B * next_n, a.topk, tile, a.q.device)
     q, keys_mxfp4, q_mxfp4, h_pad = queries(target, a)

@@ -87,7 +87,7 @@ _TABLE = {
                              insert_heads=4, insert_warps=2, compress_chunk=32),
     ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, prefill_block_h=16, prefill_block_k=16,
                           topk_block=64, topk_resident=128, topk_min_piece=32, topk_threshold_min=256,
-                          topk_sample=32, topk_filter_block=64, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
+                          topk_sample=32, topk_filter_block=256, logits_block_t=16, mqa_block_s=16, mqa_chunk_s=32,
                           einsum_block_m=16, einsum_block_n=128),
 }
 
@@ -106,11 +106,15 @@ def fused_topk_fits(k: int, tile: int) -> bool:
     return 1 << (fused_cap(k, tile) - 1).bit_length() <= FUSED_MAX_BLOCK
 
 
-def fused_in_chunks(tune: Tuning, k: int, tile: int) -> bool:
-    """Whether paged_mqa_topk / mqa_topk run as this backend's logits and top-k over chunks of rows:
-    ``fused_path`` chunks or auto (faster than the fused kernel on the H100 at every production and
-    sweep shape, docs/perf/README.md), or a ``k`` too large for the fused kernel (``fused_topk_fits``)."""
-    return tune.fused_path != "stream" or not fused_topk_fits(k, tile)
+def fused_in_chunks(tune: Tuning, k: int, tile: int, row_bytes: int, budget: int) -> bool:
+    """Whether paged_mqa_topk / mqa_topk run as this backend's logits and top-k over chunks of
+    requests (query rows) whose logits fit ``budget`` bytes, ``row_bytes`` each: ``fused_path``
+    chunks; auto when one request's logits fit (faster than the fused kernel on the H100 at every
+    production and sweep shape, docs/perf/README.md; longer ones stream, so that no workspace grows
+    with the context); and a ``k`` too large for the fused kernel (``fused_topk_fits``)."""
+    if not fused_topk_fits(k, tile):
+        return True
+    return tune.fused_path == "chunks" or (tune.fused_path == "auto" and row_bytes <= budget)
 
 
 @dataclass(frozen=True)

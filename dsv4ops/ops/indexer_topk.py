@@ -120,7 +120,7 @@ def cases(tier: str):
         for mode, next_n in (("decode1d", 8), ("decode2d", 8), ("decode1d", 5)):    # DSpark verify widths
             yield dict(R=2 * next_n, W=100, k=16, mode=mode, next_n=next_n)
         yield dict(R=5, W=200, k=16, mode="ranges", column_major=True)
-        yield dict(R=2, W=8192, k=64, mode="decode2d")       # GPU tunables: the threshold path (compile-only)
+        yield dict(R=2, W=16384, k=64, mode="decode2d")      # GPU tunables: the threshold path (compile-only)
         return
     for model, k in INDEX_TOPK.items():
         for mode, next_n in (("decode2d", 1), ("decode2d", 2), ("decode1d", 2), ("ranges", 1)):

@@ -123,8 +123,9 @@ def test_the_fused_call_allocates_only_its_workspace(env, monkeypatch):
 @pytest.mark.parametrize("path", ["chunks", "stream"])
 def test_peak_memory_on_the_gpu_is_the_workspace(env, path):
     """32 requests of 128K keys, k=512 (the inputs of B=128 need 9 GB of host memory to build): the
-    chunked path holds one chunk's logits and the top-k's workspace, the fused kernel its plan's."""
-    env(DSV4OPS_TRITON_TUNING=f"fused_path={path}")
+    chunked path holds one chunk's logits (a 1 MiB budget here, a quarter of sm90's for a quarter of
+    its 128 requests) and the top-k's workspace, the fused kernel its plan's."""
+    env(DSV4OPS_TRITON_TUNING=f"fused_path={path},fused_chunk_bytes=1048576")
     kw = build_inputs("paged_mqa_topk", "cuda", G(), B=32, next_n=1, context=131072, H=64, block_size=64, topk=512,
                       lens_dim=1)
     dsv4ops.paged_mqa_topk(**kw, backend="triton")                       # compiled and warm
