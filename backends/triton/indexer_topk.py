@@ -1,7 +1,12 @@
-"""Triton op 5: per-row top-k by radix select over order-preserving uint32 keys.
+"""Triton op 5: per-row top-k over order-preserving uint32 keys (``kth.py``).
 
-A program selects the k largest of a set of positions and writes them (ties as many as fill k, in
-column order), then -1 up to k. Two ways to find the k-th largest key, chosen at compile time:
+Rows of at least ``topk_threshold_min`` columns take the threshold path (``threshold_topk.py``): a
+threshold read off a sample, one filtering pass appending the keys above it to bounded candidate
+slots, one collect program per row, and an exact fallback for a row the sample misjudged.
+
+Narrower rows: a program selects the k largest of a set of positions and writes them (ties as many
+as fill k, in column order), then -1 up to k. Two ways to find the k-th largest key, chosen at
+compile time:
 
 - resident (the set fits one block, ``topk_resident`` columns): the keys are loaded once and stay
   in registers; an interpolated, bracketed search over the key values, each step a block reduction

@@ -73,9 +73,11 @@ _TABLE = {
     # sm90: each choice below is the fastest variant of its sweep on the H100 (the sweeps, their
     # artifacts and numbers: docs/perf/README.md, "Triton defaults on sm90"). Decode: 64 heads x 32 rows
     # per step, the index list split only up to one wave; logits: 128 tokens per program; top-k:
-    # pieces of up to 16384 columns select in registers, rows split down to 2048-column pieces when
-    # rows are few, streamed blocks of 8192 on 16 warps otherwise; insert: 4 heads per program on 2
-    # warps; fp8_einsum through TMA descriptors; C128 compressor pooled over 32 positions per step.
+    # rows of 16384 columns and more through the sampled threshold, its filter over 512-key blocks at
+    # 32 programs per SM; narrower pieces of up to 16384 columns select in registers, rows split
+    # down to 2048-column pieces when rows are few, streamed blocks of 8192 on 16 warps otherwise;
+    # insert: 4 heads per program on 2 warps; fp8_einsum through TMA descriptors; C128 compressor
+    # pooled over 32 positions per step.
     # sparse_mla_prefill starts from the decode tiles (not swept yet).
     ("cuda", "sm90"): Tuning(decode_block_h=64, decode_block_k=32, decode_warps=8, decode_waves=1,
                              prefill_block_h=64, prefill_block_k=32, prefill_warps=8, prefill_stages=1,
