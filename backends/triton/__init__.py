@@ -12,7 +12,7 @@ from dsv4ops.backend_support import all_of, import_probe, index_mxfp4, triton_in
 from dsv4ops.platform import Platform
 from dsv4ops.registry import Backend, register_backend
 
-from .tuning import cuda_sm, fused_in_chunks, has_fp8_mma, target, tuning
+from .tuning import cuda_sm, fused_chunk_budget, has_fp8_mma, target, tuning
 
 _import_triton = import_probe("triton", '"dsv4ops[triton]"')
 
@@ -126,10 +126,10 @@ def logits_grid_fits(plat: Platform, call) -> str | None:
 
 def topk_grid_fits(plat: Platform, call) -> str | None:
     """paged_mqa_topk's fused kernel has no grid axis over the context; its chunked composition
-    (``fused_in_chunks``) launches paged_mqa_logits' grid."""
+    (``fused_chunk_budget``) launches paged_mqa_logits' grid."""
     tune = tuning(plat)
     row_bytes = call.q.shape[1] * call.max_context_len * 4
-    if not fused_in_chunks(tune, call.topk, tune.logits_block_t, row_bytes, tune.fused_chunk_bytes):
+    if fused_chunk_budget(tune, call.topk, tune.logits_block_t, row_bytes, tune.fused_chunk_bytes) is None:
         return None
     return logits_grid_fits(plat, call)
 

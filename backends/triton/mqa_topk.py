@@ -1,13 +1,15 @@
-"""Triton op 13: mqa_topk selecting while it scores (streaming_topk.py), as paged_mqa_topk does.
-Stage 1, program (query row, piece): the tiles ``piece, piece + pieces, ...`` of the row's key range
-``[ks, ke)`` are scored as mqa_logits scores them (``query_block`` of one row, ``tile_logits``: both
-fp8 paths, fp8 and MXFP4 keys) and offered to the piece's candidate buffer; stage 2 merges the pieces
-and writes columns relative to ``ks``. On the software fp8 path q and k are decoded once (2 bytes an
-element), as mqa_logits does.
+"""Triton op 13: mqa_topk, on paged_mqa_topk's two paths (``tuning.fused_chunk_budget``).
 
-A ``topk`` whose buffer cannot fit a program's registers (``tuning.fused_topk_fits``) runs the chunked
-composition: this backend's logits and top-k kernels over chunks of query rows whose logits fit
-``WORKSPACE_BYTES`` (or one row, when larger)."""
+Chunks (the default while one query row's logits fit ``fused_prefill_chunk_bytes``, and any
+``topk`` too large for the fused kernel): this backend's logits and top-k kernels over chunks of
+query rows whose logits fit the budget (or one row, when larger).
+
+The fused kernel, selecting while it scores (streaming_topk.py): stage 1, program (query row,
+piece): the tiles ``piece, piece + pieces, ...`` of the row's key range ``[ks, ke)`` are scored as
+mqa_logits scores them (``query_block`` of one row, ``tile_logits``: both fp8 paths, fp8 and MXFP4
+keys) and offered to the piece's candidate buffer; stage 2 merges the pieces and writes columns
+relative to ``ks``. On the software fp8 path q and k are decoded once (2 bytes an element), as
+mqa_logits does."""
 from __future__ import annotations
 
 import torch
@@ -20,7 +22,7 @@ from . import paged_mqa_topk, streaming_topk
 from .indexer_topk import indexer_topk
 from .mqa_logits import mqa_logits, operands, query_block, tile_logits
 from .streaming_topk import finish, live_keys, offer
-from .tuning import Target, fused_in_chunks, fused_topk_fits
+from .tuning import Target, fused_chunk_budget
 
 
 @triton.jit(do_not_specialize=["T"], do_not_specialize_on_alignment=["ks_ptr", "ke_ptr"])
@@ -55,9 +57,9 @@ def mqa_topk(target: Target, a):
     if S == 0:
         return out.fill_(-1)
     tile = target.tuning.mqa_block_s
-    fits = fused_topk_fits(a.topk, tile)
-    budget = target.tuning.fused_prefill_chunk_bytes if fits else paged_mqa_topk.WORKSPACE_BYTES
-    if fused_in_chunks(target.tuning, a.topk, tile, S * 4, budget):
+    tune = target.tuning
+    budget = fused_chunk_budget(tune, a.topk, tile, S * 4, tune.fused_prefill_chunk_bytes)
+    if budget is not None:
         return _chunked(target, a, out, budget)
     plan, ws = streaming_topk.workspace(target, T, a.topk, tile, a.q.device)
     q, k, keys_mxfp4, q_mxfp4, h_pad = operands(target, a)
@@ -69,9 +71,9 @@ def mqa_topk(target: Target, a):
 
 
 def _chunked(target: Target, a, out, budget: int):
-    """The composition over chunks of query rows (a ``topk`` too large for the fused kernel)."""
+    """The composition over chunks of query rows whose logits fit ``budget`` bytes."""
     T, S = a.q.shape[0], a.k.shape[0]
-    chunk = paged_mqa_topk.per_chunk(S * 4, budget)                                          # query rows per chunk
+    chunk = paged_mqa_topk.per_chunk(S * 4, budget)                   # query rows per chunk
     workspace = torch.empty(min(chunk, T), S, dtype=torch.float32, device=a.q.device)
     logits_args, topk_args = registry.get_op("mqa_logits").Args, registry.get_op("indexer_topk").Args
     for t0 in range(0, T, chunk):

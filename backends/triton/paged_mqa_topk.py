@@ -1,12 +1,14 @@
-"""Triton op 12: paged_mqa_topk selecting while it scores (streaming_topk.py). Stage 1, program
-(request row, piece): the row's key tiles ``piece, piece + pieces, ...`` are scored as
-paged_mqa_logits scores them (``key_tile``, ``tile_logits``: both fp8 paths, fp8 and MXFP4 keys)
-and offered to the piece's bounded candidate buffer; stage 2 merges the pieces per row. Nothing
-the size of ``[rows, max_context_len]`` is allocated.
+"""Triton op 12: paged_mqa_topk, on one of two paths (``tuning.fused_chunk_budget``).
 
-A ``topk`` whose buffer cannot fit a program (``tuning.fused_topk_fits``) runs the chunked
-composition instead: this backend's logits and top-k kernels over chunks of requests whose logits
-fit ``WORKSPACE_BYTES`` (or one request's rows, when larger)."""
+Chunks (the default while one request's logits fit ``fused_chunk_bytes``, and any ``topk`` too
+large for the fused kernel): this backend's logits and top-k kernels over chunks of requests whose
+logits fit the budget (or one request's rows, when larger).
+
+The fused kernel, selecting while it scores (streaming_topk.py): stage 1, program (request row,
+piece): the row's key tiles ``piece, piece + pieces, ...`` are scored as paged_mqa_logits scores
+them (``key_tile``, ``tile_logits``: both fp8 paths, fp8 and MXFP4 keys) and offered to the piece's
+bounded candidate buffer; stage 2 merges the pieces per row. Nothing the size of ``[rows,
+max_context_len]`` is allocated."""
 from __future__ import annotations
 
 import torch
@@ -19,9 +21,7 @@ from . import streaming_topk
 from .indexer_topk import indexer_topk
 from .paged_mqa_logits import key_tile, paged_mqa_logits, queries, row_limits, tile_logits
 from .streaming_topk import finish, live_keys, offer
-from .tuning import Target, fused_in_chunks, fused_topk_fits
-
-WORKSPACE_BYTES = 16 << 20
+from .tuning import Target, fused_chunk_budget
 
 
 @triton.jit(do_not_specialize=["stride_t0"], do_not_specialize_on_alignment=["lens_ptr", "table_ptr"])
@@ -55,8 +55,9 @@ def paged_mqa_topk(target: Target, a):
     if B == 0:
         return out
     tile = target.tuning.logits_block_t
-    budget = target.tuning.fused_chunk_bytes if fused_topk_fits(a.topk, tile) else WORKSPACE_BYTES
-    if fused_in_chunks(target.tuning, a.topk, tile, next_n * a.max_context_len * 4, budget):
+    tune = target.tuning
+    budget = fused_chunk_budget(tune, a.topk, tile, next_n * a.max_context_len * 4, tune.fused_chunk_bytes)
+    if budget is not None:
         return _chunked(target, a, out, budget)
     plan, ws = streaming_topk.workspace(target, B * next_n, a.topk, tile, a.q.device)
     q, keys_mxfp4, q_mxfp4, h_pad = queries(target, a)
@@ -76,9 +77,9 @@ def per_chunk(row_bytes: int, budget: int) -> int:
 
 
 def _chunked(target: Target, a, out, budget: int):
-    """The composition over chunks of requests (a ``topk`` too large for the fused kernel)."""
+    """The composition over chunks of requests whose logits fit ``budget`` bytes."""
     B, next_n = a.q.shape[:2]
-    chunk = per_chunk(next_n * a.max_context_len * 4, budget)                 # requests per chunk
+    chunk = per_chunk(next_n * a.max_context_len * 4, budget)         # requests per chunk
     workspace = torch.empty(min(chunk, B) * next_n, a.max_context_len, dtype=torch.float32, device=a.q.device)
     logits_args, topk_args = registry.get_op("paged_mqa_logits").Args, registry.get_op("indexer_topk").Args
     for b0 in range(0, B, chunk):

@@ -34,14 +34,14 @@ MAX_CAP = 32768             # candidate slots a collect program selects from in 
 SAMPLED_RANK = 64           # the sample's rank of tau at the widest row: the count deviates about 1/8 (4 deviations to either end)
 
 
-def capacity(k: int, least: int = 16) -> int:
-    """Candidate slots per row for ``k``: ``4 * k`` (and ``least``) rounded up to a power of two."""
-    return triton.next_power_of_2(max(4 * k, least))
+def capacity(k: int) -> int:
+    """Candidate slots per row for ``k``: ``4 * k`` (at least 16) rounded up to a power of two."""
+    return triton.next_power_of_2(max(4 * k, 16))
 
 
-def fits(k: int, least: int = 16) -> bool:
+def fits(k: int) -> bool:
     """Whether a row's candidates for ``k`` fit one collect program (``MAX_CAP``)."""
-    return capacity(k, least) <= MAX_CAP
+    return capacity(k) <= MAX_CAP
 
 
 def sample_size(tune, width: int, cap: int) -> int:

@@ -50,7 +50,8 @@ class Tuning:
     fused_programs_per_sm: int = 4  # paged_mqa_topk / mqa_topk: stage-1 programs per multiprocessor (sets the pieces)
     fused_max_pieces: int = 4       # ... at most this many pieces a row (the workspace grows with them)
     fused_path: str = "auto"        # paged_mqa_topk / mqa_topk: stream (the fused kernel), chunks (logits, then top-k,
-                                    # over chunks of rows whose logits fit the bytes below) or auto (chunks)
+                                    # over chunks of rows whose logits fit the bytes below) or auto (chunks while
+                                    # one request's logits fit, the fused kernel beyond: fused_chunk_budget)
     fused_chunk_bytes: int = 4194304             # paged_mqa_topk's chunks
     fused_prefill_chunk_bytes: int = 16777216    # mqa_topk's chunks
     insert_heads: int = 4           # query heads per qnorm_rope_kv_insert program
@@ -108,15 +109,21 @@ def fused_topk_fits(k: int, tile: int) -> bool:
     return 1 << (fused_cap(k, tile) - 1).bit_length() <= FUSED_MAX_BLOCK
 
 
-def fused_in_chunks(tune: Tuning, k: int, tile: int, row_bytes: int, budget: int) -> bool:
-    """Whether paged_mqa_topk / mqa_topk run as this backend's logits and top-k over chunks of
-    requests (query rows) whose logits fit ``budget`` bytes, ``row_bytes`` each: ``fused_path``
-    chunks; auto when one request's logits fit (faster than the fused kernel on the H100 at every
-    production and sweep shape, docs/perf/README.md; longer ones stream, so that no workspace grows
-    with the context); and a ``k`` too large for the fused kernel (``fused_topk_fits``)."""
+LARGE_TOPK_CHUNK_BYTES = 16 << 20    # the chunks of a ``k`` too large for the fused indexers' kernel
+
+
+def fused_chunk_budget(tune: Tuning, k: int, tile: int, row_bytes: int, budget: int) -> int | None:
+    """The logits bytes per chunk when paged_mqa_topk / mqa_topk run as this backend's logits and
+    top-k over chunks of requests (query rows), ``row_bytes`` each; None when the fused kernel runs.
+    Chunks of ``budget`` with ``fused_path`` chunks, and with auto while one request's logits fit
+    (faster than the fused kernel on the H100 at every production and sweep shape,
+    docs/perf/README.md; longer ones stream, so that no workspace grows with the context); chunks of
+    ``LARGE_TOPK_CHUNK_BYTES`` for a ``k`` too large for the fused kernel (``fused_topk_fits``)."""
     if not fused_topk_fits(k, tile):
-        return True
-    return tune.fused_path == "chunks" or (tune.fused_path == "auto" and row_bytes <= budget)
+        return LARGE_TOPK_CHUNK_BYTES
+    if tune.fused_path == "chunks" or (tune.fused_path == "auto" and row_bytes <= budget):
+        return budget
+    return None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ import importlib
 import pytest
 import torch
 from dsv4ops.backends.triton import mqa_topk as triton_mqa_topk
-from dsv4ops.backends.triton import paged_mqa_topk as workspace
 from dsv4ops.backends.triton import streaming_topk
 from dsv4ops.backends.triton.tuning import tuning
 
@@ -74,7 +73,7 @@ def test_row_chunks_select_what_the_composition_selects(monkeypatch):
     """The chunked composition, for a topk whose buffer cannot fit a program."""
     kw = build_inputs("mqa_topk", "cpu", G(), T=7, S=40, H=8, ranges="requests", topk=8)
     monkeypatch.setattr(triton_tuning, "FUSED_MAX_BLOCK", 16)
-    monkeypatch.setattr(workspace, "WORKSPACE_BYTES", 2 * 40 * 4)                 # two rows per chunk
+    monkeypatch.setattr(triton_tuning, "LARGE_TOPK_CHUNK_BYTES", 2 * 40 * 4)      # two rows per chunk
     got = dsv4ops.mqa_topk(**kw, backend="triton")
     logits = dsv4ops.mqa_logits(kw["q"], kw["k"], kw["k_scale"], kw["weights"], kw["ks"], kw["ke"], backend="triton")
     want = dsv4ops.indexer_topk(logits, 8, row_starts=kw["ks"], row_ends=kw["ke"], backend="triton")

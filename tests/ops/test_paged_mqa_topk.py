@@ -175,8 +175,8 @@ def test_chunks_smaller_than_the_batch_select_what_the_composition_selects(monke
     """A workspace of one request's rows: every request is its own chunk (the last one too)."""
     kw = build_inputs("paged_mqa_topk", "cpu", G(), B=5, next_n=next_n, context=40, H=8, block_size=16, topk=16)
     monkeypatch.setattr(triton_tuning, "FUSED_MAX_BLOCK", 16)                 # no topk fits: the chunked path
-    monkeypatch.setattr(triton_paged_topk, "WORKSPACE_BYTES", next_n * kw["max_context_len"] * 4)
-    assert triton_paged_topk.per_chunk(next_n * kw["max_context_len"] * 4, triton_paged_topk.WORKSPACE_BYTES) == 1
+    monkeypatch.setattr(triton_tuning, "LARGE_TOPK_CHUNK_BYTES", next_n * kw["max_context_len"] * 4)
+    assert triton_paged_topk.per_chunk(next_n * kw["max_context_len"] * 4, triton_tuning.LARGE_TOPK_CHUNK_BYTES) == 1
     got = dsv4ops.paged_mqa_topk(**kw, backend="triton")
     logits = dsv4ops.paged_mqa_logits(kw["q"], kw["kv_cache"], kw["weights"], kw["context_lens"], kw["block_table"],
                                       kw["max_context_len"], backend="triton")
@@ -187,6 +187,6 @@ def test_chunks_smaller_than_the_batch_select_what_the_composition_selects(monke
 @needs_triton
 def test_chunked_call_passes_the_conformance_rule(monkeypatch):
     monkeypatch.setattr(triton_tuning, "FUSED_MAX_BLOCK", 16)
-    monkeypatch.setattr(triton_paged_topk, "WORKSPACE_BYTES", 3 * 48 * 4)        # three rows per chunk
+    monkeypatch.setattr(triton_tuning, "LARGE_TOPK_CHUNK_BYTES", 3 * 48 * 4)     # three rows per chunk
     case = make_case("paged_mqa_topk", B=4, next_n=2, context=40, H=8, block_size=16, topk=8, out=True)
     assert run_case(case, "triton", "cpu").status == "pass"
