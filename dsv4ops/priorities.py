@@ -38,9 +38,16 @@ class Preference:
 PREFERENCES = (
     Preference(
         "sparse_mla_decode", ("cuda", "sm90"), prefer="triton", over="flashmla",
-        when=lambda key: key.q.shape[1] <= 16 and key.size_class <= 8,
-        evidence="H100 sweep (docs/perf/README.md): with H <= 16 heads FlashMLA pads to 64 and the Triton "
-                 "kernel is 1.0-1.5x faster up to T = 128 tokens (0.8x at T = 512)"),
+        when=lambda key: key.q.shape[1] <= 64 and key.size_class <= 8,
+        evidence="H100 bench (docs/perf/H100-bench-attention.json): at 64 heads and T <= 128 tokens the Triton "
+                 "kernel is 1.3-1.5x FlashMLA's (0.93x at T = 512, 0.69x at 128 heads); with H <= 16 heads "
+                 "FlashMLA pads to 64 (1.2-1.6x up to T = 32 with the previous Triton tiles)"),
+    Preference(
+        "sparse_mla_prefill", ("cuda", "sm90"), prefer="triton", over="flashmla",
+        when=lambda key: key.q.shape[1] <= 64 and key.size_class >= 12,
+        evidence="H100 bench (docs/perf/H100-bench-attention.json): at 64 heads and T = 4096 tokens the Triton "
+                 "kernel is 1.45x FlashMLA's with its workspace gather (0.82x at 128 heads); measured at "
+                 "T >= 2048 only"),
     Preference(
         "paged_mqa_logits", ("cuda", "sm90"), prefer="triton", over="deepgemm",
         when=lambda key: key.q.shape[1] == 1 and key.max_context_len <= 8192,

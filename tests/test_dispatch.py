@@ -1,4 +1,5 @@
 """Selection order, DSV4OPS_BACKEND syntax, forced-backend errors, explain, simulated platforms."""
+import functools
 import subprocess
 import sys
 import threading
@@ -300,20 +301,25 @@ def test_forced_backend_is_checked_alone(fakes):
 
 
 def test_preference_by_heads_and_size_class():
-    """The Triton decode outranks FlashMLA on sm90 for few heads and up to 255 tokens (measured)."""
+    """sm90: the Triton decode outranks FlashMLA up to 64 heads and 255 tokens, the Triton prefill up
+    to 64 heads from 2048 tokens (measured)."""
     from dsv4ops.conformance.cases import make_case
     from dsv4ops.ops import OPS
     from dsv4ops.priorities import preferred
 
-    def prefs(T, H):
-        kw = make_case("sparse_mla_decode", **dict(T=T, H=H, topk=32, layout="fp8_ds_mla")).build("cpu", 0)
-        key = OPS["sparse_mla_decode"].validate_call(**kw).key
-        return preferred("sparse_mla_decode", dsv4ops.platform().key, key)
+    def prefs(op, T, H):
+        kw = make_case(op, **dict(T=T, H=H, topk=32, layout="fp8_ds_mla")).build("cpu", 0)
+        return preferred(op, dsv4ops.platform().key, OPS[op].validate_call(**kw).key)
 
     with dsv4ops.simulate_platform("cuda", "sm90"):
-        assert prefs(T=8, H=16) == {"triton": "flashmla"} and prefs(T=8, H=64) == {} and prefs(T=256, H=16) == {}
+        decode = functools.partial(prefs, "sparse_mla_decode")
+        assert decode(T=8, H=16) == decode(T=128, H=64) == {"triton": "flashmla"}
+        assert decode(T=8, H=128) == {} and decode(T=256, H=64) == {}
+        prefill = functools.partial(prefs, "sparse_mla_prefill")
+        assert prefill(T=2048, H=64) == {"triton": "flashmla"}
+        assert prefill(T=1024, H=64) == {} and prefill(T=2048, H=128) == {}
     with dsv4ops.simulate_platform("cuda", "sm100"):
-        assert prefs(T=8, H=16) == {}
+        assert prefs("sparse_mla_decode", T=8, H=16) == {}
 
 
 def test_preference_for_triton_logits_by_next_n_and_context():

@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Sweep the Triton decode tunables on the anchor shapes (one line per config and shape).
-# Run after tools/gpu_run.sh has installed the wheels: PYTHONPATH=/tmp/site bash tools/sweep_decode.sh LOG
+# Sweep the Triton sparse-attention tiles on their production shapes: one `dsv4ops bench` per
+# config, its lines under an "== op [config]" header (decode first, then prefill).
+# Run after tools/gpu_install.sh has installed the wheels: bash tools/sweep_decode.sh LOG
 log=${1:-/tmp/sweep.txt}
-for cfg in decode_block_h=32,decode_block_k=32,decode_warps=8 \
-           decode_block_h=64,decode_block_k=32,decode_warps=8 \
-           decode_block_h=64,decode_block_k=16,decode_warps=8 \
-           decode_block_h=64,decode_block_k=32,decode_warps=16 \
-           decode_block_h=32,decode_block_k=64,decode_warps=8 \
-           decode_block_h=16,decode_block_k=32,decode_warps=4 \
-           decode_block_h=32,decode_block_k=32,decode_warps=8,decode_stages=2 \
-           decode_block_h=64,decode_block_k=32,decode_warps=8,decode_stages=2; do
-  echo "== $cfg" | tee -a "$log"
-  DSV4OPS_TRITON_TUNING=$cfg timeout 120 python3 -m dsv4ops.cli bench --ops sparse_mla_decode --backends triton 2>&1 \
-    | grep -E "us$|Error|error" | tee -a "$log"
-done
+sweep() {
+  op=$1; shift
+  for cfg in "$@"; do
+    echo "== $op [$cfg]"
+    DSV4OPS_TRITON_TUNING=$cfg timeout 200 python3 -m dsv4ops.cli bench --ops "$op" --backends triton 2>&1 \
+      | grep -E "^$op\[|rror" | sed -E 's/ +/ /g'
+  done
+}
+{
+  sweep sparse_mla_decode decode_block_k=32 decode_block_k=64 decode_block_k=128 decode_block_k=64,decode_stages=2 \
+    decode_block_k=64,decode_stages=3 decode_block_k=64,decode_warps=16
+  sweep sparse_mla_prefill prefill_block_k=32 prefill_block_k=64 prefill_block_k=64,prefill_stages=2
+} | tee -a "$log"

@@ -230,7 +230,8 @@ def sparse_mla_decode(target: Target, a):
 
 def attend(a, BLOCK_H: int, BLOCK_K: int, warps: int, stages: int, waves: int, soft: bool):
     """Run the kernels on typed args ``a`` (sparse_mla_decode's or sparse_mla_prefill's, which are the
-    same) with the given tiles and fp8 path; returns (out bf16 [T, H, 512], lse fp32 [T, H] or None)."""
+    same) with the given tiles (``BLOCK_K`` halved when the two caches have different layouts) and
+    fp8 path; returns (out bf16 [T, H, 512], lse fp32 [T, H] or None)."""
     T, H, _ = a.q.shape
     out = decode_output(a.q, a.out)
     lse = torch.empty(T, H, dtype=torch.float32, device=a.q.device)
@@ -239,6 +240,8 @@ def attend(a, BLOCK_H: int, BLOCK_K: int, warps: int, stages: int, waves: int, s
     layout = a.layout
     has_extra = a.extra_kv_cache is not None
     x_layout = a.extra_layout if has_extra else layout
+    if x_layout != layout:                 # two row decoders in the loop: half the rows per step (docs/perf)
+        BLOCK_K = max(16, BLOCK_K // 2)
     page = a.kv_cache.stride(0) if layout.is_paged_bytes else 0            # the page pitch
     x_page = a.extra_kv_cache.stride(0) if has_extra and x_layout.is_paged_bytes else 0
     topk = a.indices.shape[1]

@@ -17,12 +17,12 @@ from dsv4ops.platform import Platform
 @dataclass(frozen=True)
 class Tuning:
     decode_block_h: int = 32        # query heads per program (>= 16 for tl.dot)
-    decode_block_k: int = 32        # cache rows per step
+    decode_block_k: int = 32        # cache rows per step (half when the two caches have different layouts)
     decode_warps: int = 8
     decode_stages: int = 1
     decode_waves: int = 2           # split the index list until about this many programs per SM
     prefill_block_h: int = 32       # sparse_mla_prefill: query heads per program (>= 16 for tl.dot)
-    prefill_block_k: int = 32       # sparse_mla_prefill: cache rows per step
+    prefill_block_k: int = 32       # sparse_mla_prefill: cache rows per step (halved as decode_block_k)
     prefill_warps: int = 8
     prefill_stages: int = 1
     logits_block_t: int = 64        # compressed tokens per program
@@ -72,16 +72,15 @@ class Tuning:
 
 _TABLE = {
     # sm90: each choice below is the fastest variant of its sweep on the H100 (the sweeps, their
-    # artifacts and numbers: docs/perf/README.md, "Triton defaults on sm90"). Decode: 64 heads x 32 rows
-    # per step, the index list split only up to one wave; logits: 128 tokens per program; top-k:
-    # rows of 16384 columns and more through the sampled threshold, its filter over 512-key blocks at
-    # 32 programs per SM; narrower pieces of up to 16384 columns select in registers, rows split
-    # down to 2048-column pieces when rows are few, streamed blocks of 8192 on 16 warps otherwise;
-    # insert: 4 heads per program on 2 warps; fp8_einsum through TMA descriptors; C128 compressor
-    # pooled over 32 positions per step.
-    # sparse_mla_prefill starts from the decode tiles (not swept yet).
-    ("cuda", "sm90"): Tuning(decode_block_h=64, decode_block_k=32, decode_warps=8, decode_waves=1,
-                             prefill_block_h=64, prefill_block_k=32, prefill_warps=8, prefill_stages=1,
+    # artifacts and numbers: docs/perf/README.md, "Triton defaults on sm90"). Decode and prefill:
+    # 64 heads x 128 rows per step, the index list split only up to one wave; logits: 128 tokens per
+    # program; top-k: rows of 16384 columns and more through the sampled threshold, its filter over
+    # 512-key blocks at 32 programs per SM; narrower pieces of up to 16384 columns select in
+    # registers, rows split down to 2048-column pieces when rows are few, streamed blocks of 8192 on
+    # 16 warps otherwise; insert: 4 heads per program on 2 warps; fp8_einsum through TMA descriptors;
+    # C128 compressor pooled over 32 positions per step.
+    ("cuda", "sm90"): Tuning(decode_block_h=64, decode_block_k=128, decode_warps=8, decode_waves=1,
+                             prefill_block_h=64, prefill_block_k=128, prefill_warps=8, prefill_stages=1,
                              einsum_block_m=64, einsum_block_n=128, einsum_stages=4, einsum_tma=1,
                              logits_block_t=128,
                              mqa_block_q=2, mqa_block_s=128, mqa_chunk_s=2048, mqa_warps=8, mqa_stages=3,
