@@ -14,5 +14,5 @@ sweep() {
 {
   sweep sparse_mla_decode decode_block_k=32 decode_block_k=64 decode_block_k=128 decode_block_k=64,decode_stages=2 \
     decode_block_k=64,decode_stages=3 decode_block_k=64,decode_warps=16
-  sweep sparse_mla_prefill prefill_block_k=32 prefill_block_k=64 prefill_block_k=64,prefill_stages=2
+  sweep sparse_mla_prefill prefill_block_k=32 prefill_block_k=64 prefill_block_k=128 prefill_block_k=64,prefill_stages=2
 } | tee -a "$log"
