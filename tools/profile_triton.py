@@ -16,6 +16,8 @@ CASES = [
     make_case("indexer_topk", "full", R=128, W=32768, k=512, mode="decode2d"),
     make_case("qnorm_rope_kv_insert", "full", T=128, H=64, layout="fp8_ds_mla", block_size=64, num_blocks=8),
     make_case("inv_rope_fp8_quant", "full", T=4096, H=64, n_groups=8),
+    *(make_case("compress_kv_insert", "full", layout=layout, ratio=ratio, reqs=((0, 8192),), block_size=block_size)
+      for layout, ratio, block_size in (("fp8_ds_mla", 4, 64), ("fp8_ds_mla", 128, 2), ("index_fp8", 4, 64))),
 ]
 
 only = set(filter(None, os.environ.get("OPS", "").split(",")))

@@ -8,10 +8,13 @@
    online softmax per channel, then ``_write_entry`` does RMSNorm, RoPE (split / interleave of the
    pairs), bf16 and the quantized store, which need the whole row. The softmax is per channel, so
    the channels split freely: with ``compress_channels_c4`` (also ratio 2) / ``_c128`` >= D one ``_compress``
-   program (of ``compress_tokens`` tokens) pools and writes whole windows; below D (C128's default:
-   the 64 windows of an 8192-token prefill would occupy half the SMs, walking 128 x 512 values each)
-   ``_pool`` programs over (``compress_pool_tokens`` tokens, channel group) write the pooled fp32
-   rows to a workspace [T', D], and ``_finish`` programs of as many tokens write the entries.
+   program (of ``compress_tokens`` tokens per 512 channels, at most the ratio) pools and writes
+   whole windows; below D (C128's default: the 64 windows of an 8192-token prefill would occupy
+   half the SMs, walking 128 x 512 values each) ``_pool`` programs over (``compress_pool_tokens``
+   tokens, channel group) write the pooled fp32 rows to a workspace [T', D], and ``_finish``
+   programs of as many tokens write the entries.
+The state copy, whole-window and entry programs run ``compress_warps`` warps per 512 channels: a
+128-channel row (indexer keys) on one warp keeps its reductions and RoPE shuffles inside the warp.
 Each launch reads what the one before wrote.
 """
 from __future__ import annotations
@@ -241,7 +244,7 @@ def compress_kv_insert(target: Target, a):
     D = width // c
     page_bytes = a.kv_cache.stride(0)
     tun = target.tuning
-    warps = tun.compress_warps
+    warps = max(1, tun.compress_warps * D // 512)        # per 512 channels: a 128-channel row on one warp
     pos = a.positions
     if a.ratio == 1:
         # no state: the kernels read each token's kv row and never load these (placeholders)
@@ -263,7 +266,7 @@ def compress_kv_insert(target: Target, a):
     lat = (a.kv, 0) if a.latent is None else (a.latent, a.latent.stride(0))     # a.kv: never written
     entry = (a.norm_weight, a.norm_weight.stride(0), a.eps, a.cos_sin_cache, a.kv_cache, *lat)
     if channels == D:
-        per = tun.compress_tokens
+        per = min(a.ratio, max(1, tun.compress_tokens * 512 // D))      # ratio 4, 128 channels: a window each
         _compress[(triton.cdiv(n, per),)](a.kv, a.kv.stride(0), *window, *entry, slots, slots.stride(0), a.block_size,
                                           page_bytes, n, D=D, RATIO=a.ratio, C=c, CHUNK=chunk, KIND=a.layout.kind,
                                           INLINE=a.layout.inline, FP8_MAX=FP8_MAX["ocp"], TOKENS=per,

@@ -58,14 +58,14 @@ class Tuning:
     insert_warps: int = 4
     inv_rope_heads: int = 4         # heads per inv_rope_fp8_quant program
     inv_rope_warps: int = 4
-    compress_warps: int = 4         # state copy, whole-window pooling, entry writes
+    compress_warps: int = 4         # per 512 channels of the row (at least 1): state copy, whole-window pooling, entries
     compress_save_elems: int = 1024  # state values per copy program (tokens = max(1, this // row width))
     compress_chunk: int = 16        # window positions per pooling step
     compress_channels_c4: int = 512   # channels per pooling program; >= D: one program pools and writes
     compress_channels_c128: int = 64  # < D: (token, channel group) programs, then one writing the entry
     compress_pool_warps: int = 4    # the channel-group pooling programs
     compress_pool_tokens: int = 64  # tokens per pooling / entry program (it takes the windows they close in turn)
-    compress_tokens: int = 1        # tokens per whole-window program (channels >= D)
+    compress_tokens: int = 1        # tokens per whole-window program (channels >= D) per 512 channels, at most the ratio
     fp8_path: str = "auto"          # fp8 arithmetic: auto (the platform's capability), soft (integer
                                     # decode / encode, bf16 / fp16 dots) or hw (fp8 dtypes and FP8 MMA)
 
