@@ -171,6 +171,15 @@ class DispatchKey:
         object.__setattr__(self, "size_class", int(first.shape[0]).bit_length() if first is not None else 0)
         object.__setattr__(self, "_fields", fields)
 
+    @classmethod
+    def derived(cls, op: str, fields: dict, device: torch.device, size_class: int) -> "DispatchKey":
+        """The key of a call made of another call's arguments (an op one implementation runs inside
+        another): ``fields`` as ``__init__`` builds them (every argument; TensorMeta for tensors)."""
+        key = object.__new__(cls)
+        for name, value in (("op", op), ("device", device), ("size_class", size_class), ("_fields", dict(fields))):
+            object.__setattr__(key, name, value)
+        return key
+
     def __getattr__(self, name: str):
         fields = object.__getattribute__(self, "_fields")
         if name in fields:

@@ -16,6 +16,7 @@ PRIORITY = {
     "flashmla": 100, "deepgemm": 100,        # vendor kernels measured fastest on SM90 (docs/perf/README.md)
     "flashinfer": 90, "deepselect": 90, "aiter": 80, "xpu": 80,
     "triton": 50,                            # portable: any Triton target
+    "composed": 45,                          # the indexer in one call as its two dispatched ops
     "reference": 0,                          # the definition of correct; last resort
 }
 PLUGIN_DEFAULT = 60

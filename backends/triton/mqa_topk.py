@@ -16,9 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4ops import registry
+from dsv4ops import composition, registry
 
-from . import paged_mqa_topk, streaming_topk
+from . import streaming_topk
 from .indexer_topk import indexer_topk
 from .mqa_logits import mqa_logits, operands, query_block, tile_logits
 from .streaming_topk import finish, live_keys, offer
@@ -71,18 +71,8 @@ def mqa_topk(target: Target, a):
 
 
 def _chunked(target: Target, a, out, budget: int):
-    """The composition over chunks of query rows whose logits fit ``budget`` bytes."""
-    T, S = a.q.shape[0], a.k.shape[0]
-    chunk = paged_mqa_topk.per_chunk(S * 4, budget)                   # query rows per chunk
-    workspace = torch.empty(min(chunk, T), S, dtype=torch.float32, device=a.q.device)
+    """The composition over chunks of query rows whose logits fit ``budget`` bytes (this backend's kernels)."""
     logits_args, topk_args = registry.get_op("mqa_logits").Args, registry.get_op("indexer_topk").Args
-    for t0 in range(0, T, chunk):
-        rows = slice(t0, min(T, t0 + chunk))
-        n = rows.stop - rows.start
-        logits = mqa_logits(target, logits_args(q=a.q[rows], k=a.k, k_scale=a.k_scale, weights=a.weights[rows],
-                                                ks=a.ks[rows], ke=a.ke[rows],
-                                                q_scale=None if a.q_scale is None else a.q_scale[rows], clean=False,
-                                                out=workspace[:n]))
-        indexer_topk(target, topk_args(logits=logits, k=a.topk, row_starts=a.ks[rows], row_ends=a.ke[rows],
-                                       seq_lens=None, next_n=1, out=out[rows]))
+    for logits_kw, topk_kw in composition.prefill_steps(a, out, budget):
+        indexer_topk(target, topk_args(logits=mqa_logits(target, logits_args(**logits_kw)), **topk_kw))
     return out

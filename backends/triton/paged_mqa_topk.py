@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from dsv4ops import registry
+from dsv4ops import composition, registry
 
 from . import streaming_topk
 from .indexer_topk import indexer_topk
@@ -71,25 +71,9 @@ def paged_mqa_topk(target: Target, a):
     return streaming_topk.merge(target, plan, ws, a.topk, out)
 
 
-def per_chunk(row_bytes: int, budget: int) -> int:
-    """How many units of ``row_bytes`` logits fit ``budget`` bytes (at least one)."""
-    return max(1, budget // max(1, row_bytes))
-
-
 def _chunked(target: Target, a, out, budget: int):
-    """The composition over chunks of requests whose logits fit ``budget`` bytes."""
-    B, next_n = a.q.shape[:2]
-    chunk = per_chunk(next_n * a.max_context_len * 4, budget)         # requests per chunk
-    workspace = torch.empty(min(chunk, B) * next_n, a.max_context_len, dtype=torch.float32, device=a.q.device)
+    """The composition over chunks of requests whose logits fit ``budget`` bytes (this backend's kernels)."""
     logits_args, topk_args = registry.get_op("paged_mqa_logits").Args, registry.get_op("indexer_topk").Args
-    for b0 in range(0, B, chunk):
-        b1 = min(B, b0 + chunk)
-        rows = slice(b0 * next_n, b1 * next_n)
-        logits = paged_mqa_logits(target, logits_args(
-            q=a.q[b0:b1], kv_cache=a.kv_cache, weights=a.weights[rows], context_lens=a.context_lens[b0:b1],
-            block_table=a.block_table[b0:b1], max_context_len=a.max_context_len,
-            q_scale=None if a.q_scale is None else a.q_scale[b0:b1], clean=False,
-            out=workspace[: (b1 - b0) * next_n]))
-        indexer_topk(target, topk_args(logits=logits, k=a.topk, row_starts=None, row_ends=None,
-                                       seq_lens=a.context_lens[b0:b1], next_n=next_n, out=out[rows]))
+    for logits_kw, topk_kw in composition.paged_steps(a, out, budget):
+        indexer_topk(target, topk_args(logits=paged_mqa_logits(target, logits_args(**logits_kw)), **topk_kw))
     return out

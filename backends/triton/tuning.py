@@ -10,6 +10,7 @@ import functools
 from dataclasses import dataclass
 
 from dsv4ops import settings
+from dsv4ops.composition import DECODE_CHUNK_BYTES, PREFILL_CHUNK_BYTES
 from dsv4ops.errors import ConfigError
 from dsv4ops.platform import Platform
 
@@ -52,8 +53,8 @@ class Tuning:
     fused_path: str = "auto"        # paged_mqa_topk / mqa_topk: stream (the fused kernel), chunks (logits, then top-k,
                                     # over chunks of rows whose logits fit the bytes below) or auto (chunks while
                                     # one request's logits fit, the fused kernel beyond: fused_chunk_budget)
-    fused_chunk_bytes: int = 4194304             # paged_mqa_topk's chunks
-    fused_prefill_chunk_bytes: int = 16777216    # mqa_topk's chunks
+    fused_chunk_bytes: int = DECODE_CHUNK_BYTES            # paged_mqa_topk's chunks
+    fused_prefill_chunk_bytes: int = PREFILL_CHUNK_BYTES   # mqa_topk's chunks
     insert_heads: int = 4           # query heads per qnorm_rope_kv_insert program
     insert_warps: int = 4
     inv_rope_heads: int = 4         # heads per inv_rope_fp8_quant program

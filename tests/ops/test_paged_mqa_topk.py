@@ -11,6 +11,7 @@ from dsv4ops.backends.triton.tuning import tuning
 
 import dsv4ops
 from dsv4ops import formats, registry
+from dsv4ops.composition import per_chunk
 from dsv4ops.conformance import build_inputs, make_case, run_case
 from dsv4ops.platform import multiprocessors, platform
 
@@ -142,7 +143,7 @@ def test_peak_memory_on_the_gpu_is_the_workspace(env, path):
     if path == "stream":
         workspace = streaming_topk.plan(32, 512, tune.logits_block_t, tune, multiprocessors(device)).workspace_bytes(32)
     else:
-        rows = triton_paged_topk.per_chunk(width * 4, tune.fused_chunk_bytes)
+        rows = per_chunk(width * 4, tune.fused_chunk_bytes)
         workspace = rows * width * 4 + threshold_topk.workspace_bytes(rows, threshold_topk.capacity(512))
     fp16_queries = kw["q"].numel() * 2                                    # the software fp8 path's decode
     assert peak <= workspace + 32 * 512 * 4 + fp16_queries, (peak, workspace)
@@ -176,7 +177,7 @@ def test_chunks_smaller_than_the_batch_select_what_the_composition_selects(monke
     kw = build_inputs("paged_mqa_topk", "cpu", G(), B=5, next_n=next_n, context=40, H=8, block_size=16, topk=16)
     monkeypatch.setattr(triton_tuning, "FUSED_MAX_BLOCK", 16)                 # no topk fits: the chunked path
     monkeypatch.setattr(triton_tuning, "LARGE_TOPK_CHUNK_BYTES", next_n * kw["max_context_len"] * 4)
-    assert triton_paged_topk.per_chunk(next_n * kw["max_context_len"] * 4, triton_tuning.LARGE_TOPK_CHUNK_BYTES) == 1
+    assert per_chunk(next_n * kw["max_context_len"] * 4, triton_tuning.LARGE_TOPK_CHUNK_BYTES) == 1
     got = dsv4ops.paged_mqa_topk(**kw, backend="triton")
     logits = dsv4ops.paged_mqa_logits(kw["q"], kw["kv_cache"], kw["weights"], kw["context_lens"], kw["block_table"],
                                       kw["max_context_len"], backend="triton")
