@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import dsv4ops
+from dsv4ops import registry
 from dsv4ops.conformance import cases, make_case, run_case
 from dsv4ops.ops import OP_NAMES
 from dsv4ops.platform import default_device
-from dsv4ops import registry
 from dsv4ops.registry import Backend, register_backend, unregister_backend
 
 TIER = os.environ.get("DSV4OPS_TIER", "quick")

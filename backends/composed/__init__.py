@@ -45,17 +45,16 @@ def _served(op: str, fields: dict, key) -> str | None:
 
 
 def _topk_fields(key, logits_width, seq_lens, next_n, ranges: bool) -> dict:
-    meta = key.q
-    return dict(logits=TensorMeta(torch.float32, meta.device, (None, logits_width)), k=key.topk,
+    return dict(logits=TensorMeta(torch.float32, key.device, (None, logits_width)), k=key.topk,
                 row_starts=key.ks if ranges else None, row_ends=key.ke if ranges else None, seq_lens=seq_lens,
-                next_n=next_n, out=TensorMeta(torch.int32, meta.device, (None, key.topk)))
+                next_n=next_n, out=TensorMeta(torch.int32, key.device, (None, key.topk)))
 
 
 def paged_parts(plat, key) -> str | None:
     """paged_mqa_logits into an fp32 ``[rows, max_context_len]`` chunk, then indexer_topk on it."""
     logits = {name: key.get(name) for name in ("q", "kv_cache", "weights", "context_lens", "block_table",
                                                "max_context_len", "q_scale")}
-    logits.update(clean=False, out=TensorMeta(torch.float32, key.q.device, (None, key.max_context_len)))
+    logits.update(clean=False, out=TensorMeta(torch.float32, key.device, (None, key.max_context_len)))
     return (_served("paged_mqa_logits", logits, key)
             or _served("indexer_topk", _topk_fields(key, key.max_context_len, key.context_lens, key.q.shape[1],
                                                     ranges=False), key))
@@ -64,7 +63,7 @@ def paged_parts(plat, key) -> str | None:
 def prefill_parts(plat, key) -> str | None:
     """mqa_logits into an fp32 ``[rows, keys]`` chunk, then indexer_topk over each row's key range."""
     logits = {name: key.get(name) for name in ("q", "k", "k_scale", "weights", "ks", "ke", "q_scale")}
-    logits.update(clean=False, out=TensorMeta(torch.float32, key.q.device, (None, None)))
+    logits.update(clean=False, out=TensorMeta(torch.float32, key.device, (None, None)))
     return (_served("mqa_logits", logits, key)
             or _served("indexer_topk", _topk_fields(key, None, None, 1, ranges=True), key))
 
