@@ -16,6 +16,24 @@ DECODE_CHUNK_BYTES = 4 << 20       # paged_mqa_topk: logits per chunk (docs/perf
 PREFILL_CHUNK_BYTES = 16 << 20     # mqa_topk
 
 
+def paged_output(a) -> tuple[torch.Tensor, bool]:
+    """A ``paged_mqa_topk`` call's indices (``a.out``, or a new int32 ``[B * next_n, topk]``) and
+    whether the call is already answered (no requests)."""
+    B, next_n = a.q.shape[:2]
+    out = torch.empty(B * next_n, a.topk, dtype=torch.int32, device=a.q.device) if a.out is None else a.out
+    return out, B == 0
+
+
+def prefill_output(a) -> tuple[torch.Tensor, bool]:
+    """An ``mqa_topk`` call's indices (``a.out``, or a new int32 ``[T, topk]``) and whether the call is
+    already answered: no query rows, or no keys (every row -1, written here)."""
+    T, S = a.q.shape[0], a.k.shape[0]
+    out = torch.empty(T, a.topk, dtype=torch.int32, device=a.q.device) if a.out is None else a.out
+    if T and not S:
+        out.fill_(-1)
+    return out, T == 0 or S == 0
+
+
 def per_chunk(row_bytes: int, budget: int) -> int:
     """How many units of ``row_bytes`` logits fit ``budget`` bytes (at least one)."""
     return max(1, budget // max(1, row_bytes))

@@ -78,8 +78,8 @@ def assert_restricted_topk(want, positions, starts, k, slack):
             assert low >= high, (r, float(low), float(high))
 
 
-def allocation_sizes(monkeypatch, modules, call) -> list[int]:
-    """The bytes of every ``torch.empty`` the given modules make while ``call()`` runs."""
+def allocation_sizes(monkeypatch, call) -> list[int]:
+    """The bytes of every ``torch.empty`` made while ``call()`` runs."""
     sizes, empty = [], torch.empty
 
     def watch(*shape, **kwargs):
@@ -87,7 +87,6 @@ def allocation_sizes(monkeypatch, modules, call) -> list[int]:
         sizes.append(t.numel() * t.element_size())
         return t
 
-    for module in modules:
-        monkeypatch.setattr(module.torch, "empty", watch)
+    monkeypatch.setattr(torch, "empty", watch)
     call()
     return sizes

@@ -56,7 +56,7 @@ def test_parts_run_through_dispatch_in_bounded_chunks(monkeypatch, op):
         fn = dsv4ops.OPS[part].function
         monkeypatch.setattr(dsv4ops.OPS[part], "function", lambda *a, _fn=fn, _part=part, **k: calls.append(_part)
                             or _fn(*a, **k))
-    sizes = allocation_sizes(monkeypatch, (composition,), lambda: dsv4ops.dispatch(op, **kw, backend="composed"))
+    sizes = allocation_sizes(monkeypatch, lambda: dsv4ops.dispatch(op, **kw, backend="composed"))
     assert 2 * row_bytes in sizes and max(sizes) < 5 * row_bytes, sizes
     assert len(calls) == 6 and calls[1::2] == ["indexer_topk"] * 3, calls
     got = dsv4ops.dispatch(op, **kw, backend="composed")

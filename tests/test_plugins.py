@@ -10,7 +10,7 @@ import torch
 import dsv4ops
 from dsv4ops import priorities, registry, selection
 from dsv4ops.conformance import build_inputs
-from dsv4ops.registry import Backend, register_backend, unregister_backend
+from dsv4ops.registry import Backend, register_backend
 
 _counter = itertools.count()
 

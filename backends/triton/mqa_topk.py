@@ -12,7 +12,6 @@ relative to ``ks``. On the software fp8 path q and k are decoded once (2 bytes a
 mqa_logits does."""
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -51,11 +50,9 @@ def _score_and_keep_kernel(q_ptr, q_scale_ptr, k_ptr, scale_ptr, w_ptr, ks_ptr, 
 
 def mqa_topk(target: Target, a):
     T, H, S = a.q.shape[0], a.q.shape[1], a.k.shape[0]
-    out = torch.empty(T, a.topk, dtype=torch.int32, device=a.q.device) if a.out is None else a.out
-    if T == 0:
+    out, answered = composition.prefill_output(a)
+    if answered:
         return out
-    if S == 0:
-        return out.fill_(-1)
     tile = target.tuning.mqa_block_s
     tune = target.tuning
     budget = fused_chunk_budget(tune, a.topk, tile, S * 4, tune.fused_prefill_chunk_bytes)

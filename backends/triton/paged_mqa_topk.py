@@ -11,7 +11,6 @@ bounded candidate buffer; stage 2 merges the pieces per row. Nothing the size of
 max_context_len]`` is allocated."""
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -51,8 +50,8 @@ def _score_and_keep_kernel(q_ptr, q_scale_ptr, cache_ptr, w_ptr, lens_ptr, table
 
 def paged_mqa_topk(target: Target, a):
     B, next_n, H, _ = a.q.shape
-    out = torch.empty(B * next_n, a.topk, dtype=torch.int32, device=a.q.device) if a.out is None else a.out
-    if B == 0:
+    out, answered = composition.paged_output(a)
+    if answered:
         return out
     tile = target.tuning.logits_block_t
     tune = target.tuning

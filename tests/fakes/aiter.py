@@ -19,7 +19,6 @@ The arch (AITER's import-time ``arch_info.get_arch()``) is read from the simulat
 ``install(monkeypatch, version=...)`` can also install the signatures of older releases (v0.1.17
 decode without ``extra_*``, v0.1.12 top-k without ``k``) to test the version messages.
 """
-import math
 import sys
 import types
 

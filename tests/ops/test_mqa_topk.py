@@ -5,7 +5,6 @@ import importlib
 
 import pytest
 import torch
-from dsv4ops.backends.triton import mqa_topk as triton_mqa_topk
 from dsv4ops.backends.triton import streaming_topk
 from dsv4ops.backends.triton.tuning import tuning
 
@@ -53,8 +52,7 @@ def test_ties_keep_any_of_the_equal_keys(env):
 def test_the_fused_call_allocates_only_its_workspace(env, monkeypatch):
     env(DSV4OPS_TRITON_TUNING="fused_path=stream")
     kw = build_inputs("mqa_topk", "cpu", G(), T=6, S=300, H=4, ranges="causal", topk=8)
-    sizes = allocation_sizes(monkeypatch, (streaming_topk, triton_mqa_topk),
-                             lambda: dsv4ops.mqa_topk(**kw, backend="triton"))
+    sizes = allocation_sizes(monkeypatch, lambda: dsv4ops.mqa_topk(**kw, backend="triton"))
     tune = tuning(platform("cpu"))
     plan = streaming_topk.plan(6, 8, tune.mqa_block_s, tune, sms=4)
     assert sorted(sizes) == sorted([plan.workspace_bytes(6), 6 * 8 * 4])     # no [T, S] buffer
@@ -65,7 +63,7 @@ def test_the_chunked_call_allocates_one_chunk_of_logits(env, monkeypatch):
     300 keys here), the top-k's own allocations, and the indices; never ``[T, S]``."""
     env(DSV4OPS_TRITON_TUNING="fused_prefill_chunk_bytes=4096")
     kw = build_inputs("mqa_topk", "cpu", G(), T=6, S=300, H=4, ranges="causal", topk=8)
-    sizes = allocation_sizes(monkeypatch, (triton_mqa_topk,), lambda: dsv4ops.mqa_topk(**kw, backend="triton"))
+    sizes = allocation_sizes(monkeypatch, lambda: dsv4ops.mqa_topk(**kw, backend="triton"))
     assert max(sizes) < 6 * 300 * 4 and 3 * 300 * 4 in sizes, sizes
 
 

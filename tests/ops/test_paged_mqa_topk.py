@@ -5,7 +5,6 @@ import importlib
 
 import pytest
 import torch
-from dsv4ops.backends.triton import paged_mqa_topk as triton_paged_topk
 from dsv4ops.backends.triton import streaming_topk, threshold_topk
 from dsv4ops.backends.triton.tuning import tuning
 
@@ -113,8 +112,7 @@ def test_workspace_formula_is_bounded_and_independent_of_the_context():
 def test_the_fused_call_allocates_only_its_workspace(env, monkeypatch):
     env(DSV4OPS_TRITON_TUNING="fused_path=stream")
     kw = build_inputs("paged_mqa_topk", "cpu", G(), B=4, next_n=2, context=256, H=4, block_size=16, topk=8)
-    sizes = allocation_sizes(monkeypatch, (streaming_topk, triton_paged_topk),
-                             lambda: dsv4ops.paged_mqa_topk(**kw, backend="triton"))
+    sizes = allocation_sizes(monkeypatch, lambda: dsv4ops.paged_mqa_topk(**kw, backend="triton"))
     tune = tuning(platform("cpu"))
     plan = streaming_topk.plan(8, 8, tune.logits_block_t, tune, sms=4)
     assert sorted(sizes) == sorted([plan.workspace_bytes(8), 8 * 8 * 4])    # the workspace and the indices
@@ -161,7 +159,7 @@ def test_the_default_path_runs_chunks_of_the_budget(env, monkeypatch, next_n):
     kw = build_inputs("paged_mqa_topk", "cpu", G(), B=5, next_n=next_n, context=64, H=8, block_size=16, topk=8)
     row_bytes = next_n * kw["max_context_len"] * 4
     env(DSV4OPS_TRITON_TUNING=f"fused_chunk_bytes={2 * row_bytes}")            # a power of two
-    sizes = allocation_sizes(monkeypatch, (triton_paged_topk,), lambda: dsv4ops.paged_mqa_topk(**kw, backend="triton"))
+    sizes = allocation_sizes(monkeypatch, lambda: dsv4ops.paged_mqa_topk(**kw, backend="triton"))
     assert 2 * row_bytes in sizes and max(sizes) < 5 * row_bytes, sizes
     got = dsv4ops.paged_mqa_topk(**kw, backend="triton")
     logits = dsv4ops.paged_mqa_logits(kw["q"], kw["kv_cache"], kw["weights"], kw["context_lens"], kw["block_table"],
