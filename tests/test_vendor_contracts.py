@@ -378,7 +378,7 @@ def test_flashmla_prefill_fake_checks_the_arch():
         fake_flashmla.flash_mla_sparse_fwd(q, torch.zeros(4, 1, 528, dtype=torch.uint8), idx, 0.04)
 
 
-DEEPGEMM_GENERATIONS = ["2.8", "2.5", "legacy"]
+DEEPGEMM_GENERATIONS = ["2.8", "2.8.0", "2.5", "legacy"]
 _PAGED_DG = [make_case("paged_mqa_logits", B=3, next_n=n, context=200, H=64, block_size=64, lens_dim=d, clean=cl)
              for n in (1, 2) for d in (1, 2) for cl in (False, True)]
 _SM100_LOGITS_REASON = "DeepGEMM API {} on sm100 needs MX (UE8M0, int32-packed) q and key scales, bf16 weights"
@@ -398,9 +398,10 @@ def test_deepgemm_contract(monkeypatch, generation):
         assert ran
 
 
-@pytest.mark.parametrize("generation, served", [("2.8", True), ("2.5", False), ("legacy", False)])
+@pytest.mark.parametrize("generation, served", [("2.8", True), ("2.8.0", True), ("2.5", False), ("legacy", False)])
 def test_deepgemm_paged_32_heads(monkeypatch, generation, served):
-    """2.8's paged kernel takes 32 or 64 heads (attention.hpp); earlier generations are served with 64 only."""
+    """The 2.8 line's paged kernel takes 32 or 64 heads (attention.hpp); earlier generations are served with
+    64 only."""
     from fakes import deep_gemm as fake_deep_gemm
     fake_deep_gemm.install(monkeypatch, generation)
     case = make_case("paged_mqa_logits", B=3, next_n=2, context=200, H=32, block_size=64, lens_dim=1, clean=True)
@@ -430,6 +431,48 @@ def test_deepgemm_declines_sm100_with_the_reason(monkeypatch, generation):
     assert status["fp8_einsum"] == (f"DeepGEMM API {generation} on sm100 keeps only the UE8M0 exponent of each fp32 "
                                     "scale; 128-wide block scales may be any fp32 (32-wide ones, powers of two, are served)")
     assert all(status[op].startswith(_SM100_LOGITS_REASON.format(generation)) for op in ("mqa_logits", "paged_mqa_logits"))
+
+
+def test_deepgemm_api_generation_per_wheel():
+    """fp8_fp4_mqa_logits' parameters as the wheels' _C.pyi declare them: 2.8.0 builds keep 2.5's
+    clean_logits and add schedule_meta; 2.8.2 drops clean_logits."""
+    from dsv4ops.backends.deepgemm import api_generation
+    head = ("q", "kv", "weights", "cu_seq_len_k_start", "cu_seq_len_k_end")
+    assert api_generation(head + ("clean_logits", "max_seqlen_k", "logits_dtype"), True) == "2.5"
+    assert api_generation(head + ("clean_logits", "max_seqlen_k", "logits_dtype", "schedule_meta"), True) == "2.8.0"
+    assert api_generation(head + ("max_seqlen_k", "schedule_meta"), False) == "2.8"
+    assert api_generation(None, True) == "legacy"
+
+
+_DG_EINSUM_32 = [make_case("fp8_einsum", **kw) for kw in (
+    dict(B=5, H=2, D=96, R=160, block=32), dict(B=4, H=1, D=64, R=128, block=32, strided="a_scale:transposed"))]
+
+
+@pytest.mark.parametrize("generation", ["2.8.0", "2.5"])
+def test_deepgemm_sm100_einsum_follows_the_build(monkeypatch, generation):
+    """A 2.8.0 build (2.5's logits parameters) serves SM100's 32-wide einsum blocks with recipe (1, 32, 32),
+    as 2.8.2 does, and its logits are called with 2.5's arguments; a 2.5 build declines them on SM100."""
+    from fakes import deep_gemm as fake_deep_gemm
+    calls = []
+    fake_deep_gemm.install(monkeypatch, generation, wrap=_recording(calls))
+    with reprobed(monkeypatch, "deepgemm"):
+        with dsv4ops.simulate_platform("cuda", "sm100"):
+            kw = _DG_EINSUM_32[0].build("cpu", 0)
+            status = {c.backend: c.status for c in dsv4ops.explain("fp8_einsum", **kw).candidates}["deepgemm"]
+            results = [run_case(c, "deepgemm", "cpu", seed=5) for c in _DG_EINSUM_32]
+        _simulated("cuda", "sm90", "mqa_logits", "deepgemm", _MQA_DG[:2])
+        _simulated("cuda", "sm90", "paged_mqa_logits", "deepgemm", _PAGED_DG[:2])
+    if generation == "2.5":
+        assert status == "32-wide scale blocks on sm100 are adapted for DeepGEMM API 2.8 (installed: API 2.5)"
+        assert [r.status for r in results] == ["skip"] * len(_DG_EINSUM_32)
+    else:
+        assert status == "selected" or status.startswith("available"), status
+        assert [r.status for r in results] == ["pass"] * len(_DG_EINSUM_32), [r.message for r in results]
+        assert {kwargs["recipe"] for path, _, kwargs in calls if path == "deep_gemm:fp8_einsum"} == {(1, 32, 32)}
+    logits = {(path, len(args), tuple(kwargs)) for path, args, kwargs in calls if "logits" in path}
+    assert logits == {("deep_gemm:get_paged_mqa_logits_metadata", 3, ()), ("deep_gemm:fp8_fp4_mqa_logits", 6, ()),
+                      ("deep_gemm:fp8_fp4_paged_mqa_logits", 7, ())}, logits
+    assert all(isinstance(args[5], bool) for path, args, _ in calls if path == "deep_gemm:fp8_fp4_mqa_logits")
 
 
 _V41_DG = [make_case("paged_mqa_logits", B=2, next_n=1, context=100, H=32, block_size=64, layout="index_mxfp4",

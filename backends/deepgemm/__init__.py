@@ -1,10 +1,12 @@
 """DeepGEMM (``deep_gemm``): paged and prefill MQA logits (SM90 recipe) and block-scaled FP8 einsum (SM90
 recipe for 128-wide scale blocks, SM100 recipe (1, 32, 32) for 32-wide ones).
 
-Two API generations, told apart by what the installed module declares (``api()``):
+API generations, told apart by what the installed module declares (``api()``):
 - 2.5 (tokenspeed-deepgemm 2.5.x): ``fp8_fp4_mqa_logits(..., clean_logits, max_seqlen_k, logits_dtype)``,
   ``fp8_fp4_paged_mqa_logits(..., clean_logits, logits_dtype, indices)``, plus the legacy ``fp8_*`` names;
-- 2.8 (2.8.x): ``fp8_fp4_mqa_logits(..., max_seqlen_k, schedule_meta)`` (compressed rows only, tail not
+- 2.8.0 (2.8.0 builds): 2.5's parameter lists (the logits are called as on 2.5), ``fp8_fp4_mqa_logits``
+  adding ``schedule_meta``; the einsum and paged-head rules of the 2.8 line (``LINE_28``);
+- 2.8 (2.8.2 on): ``fp8_fp4_mqa_logits(..., max_seqlen_k, schedule_meta)`` (compressed rows only, tail not
   cleaned), ``fp8_fp4_paged_mqa_logits(..., max_context_len, indices)``; the legacy names are gone;
 - legacy: only ``fp8_mqa_logits`` / ``fp8_paged_mqa_logits`` (builds before the fp8_fp4 names).
 """
@@ -23,12 +25,12 @@ _import = import_probe("deep_gemm", f"tokenspeed-deepgemm, {install_hint(('token
 
 
 def api_generation(fp8_fp4_params: tuple[str, ...] | None, has_legacy: bool) -> str | None:
-    """'2.5', '2.8' or 'legacy' from ``fp8_fp4_mqa_logits``'s declared parameter names (None: absent)
-    and whether ``fp8_mqa_logits`` exists; None for an API this adapter does not know."""
+    """'2.5', '2.8.0', '2.8' or 'legacy' from ``fp8_fp4_mqa_logits``'s declared parameter names (None:
+    absent) and whether ``fp8_mqa_logits`` exists; None for an API this adapter does not know."""
     if fp8_fp4_params is None:
         return "legacy" if has_legacy else None
     if "clean_logits" in fp8_fp4_params:
-        return "2.5"
+        return "2.8.0" if "schedule_meta" in fp8_fp4_params else "2.5"
     if "max_seqlen_k" in fp8_fp4_params and "schedule_meta" in fp8_fp4_params:
         return "2.8"
     return None
@@ -60,6 +62,12 @@ def _probe() -> str | None:
 
 BACKEND = register_backend(Backend("deepgemm", ("cuda",), probe=_probe, description=_DESCRIPTION))
 
+# The 2.8 line: csrc/apis/einsum.hpp and layout.hpp of 2.8.0.post20260910 / .post20260924 and 2.8.2.post20261020
+# take the SM100 einsum recipe alike (fp8_einsum's parameters as 2.5's, plus 2.8.2's epilogue_class), and
+# their attention.hpp the paged SM90 kernel with 32 or 64 heads. The 2.5 wheel ships no source to pin these
+# from, and declares the same fp8_einsum: the generation (its logits declarations) tells the builds apart.
+LINE_28 = ("2.8.0", "2.8")
+
 
 def sm90_recipe(sm100_needs: str):
     """SM90 only; on SM100 / SM103 the reason names what DeepGEMM's SM100 recipe needs there."""
@@ -82,7 +90,7 @@ _SM100_LOGITS = sm90_recipe("MX (UE8M0, int32-packed) q and key scales, bf16 wei
 def einsum_recipe(plat: Platform, call) -> str | None:
     """The scale-block width each arch's recipe takes (2.8's csrc/apis/einsum.hpp, layout.hpp). SM90:
     128-wide blocks, recipe (1, 128, 128) with fp32 scales as given (fp8_bmm asserts gran_k 128). SM100 /
-    SM103, API 2.8: 32-wide blocks, recipe (1, 32, 32); DeepGEMM packs each fp32 scale into its UE8M0
+    SM103, the 2.8 line (``LINE_28``): 32-wide blocks, recipe (1, 32, 32); DeepGEMM packs each fp32 scale into its UE8M0
     exponent byte (mantissa dropped), exact for 32-wide scales, which the op requires to be powers of
     two, not for 128-wide ones, which may be any fp32."""
     _, D, R = call.b.shape
@@ -96,7 +104,7 @@ def einsum_recipe(plat: Platform, call) -> str | None:
         if block == 128:
             return (f"DeepGEMM API {api()} on {plat.arch} keeps only the UE8M0 exponent of each fp32 scale; "
                     "128-wide block scales may be any fp32 (32-wide ones, powers of two, are served)")
-        if api() != "2.8":
+        if api() not in LINE_28:
             return f"32-wide scale blocks on {plat.arch} are adapted for DeepGEMM API 2.8 (installed: API {api()})"
         return None
     return f"arch {plat.arch} not supported (needs sm90, or sm100 / sm103 for 32-wide blocks)"
@@ -113,9 +121,9 @@ def fp8_on_sm90(plat: Platform, call) -> str | None:
 
 
 def logits_shapes(plat: Platform, call) -> str | None:
-    """Paged SM90: 64 heads (2.8's attention.hpp: 32 or 64), next_n 1 or 2, 64-token key pages."""
+    """Paged SM90: 64 heads (the 2.8 line's attention.hpp: 32 or 64), next_n 1 or 2, 64-token key pages."""
     _, next_n, H, _ = call.q.shape
-    heads = (32, 64) if api() == "2.8" else (64,)
+    heads = (32, 64) if api() in LINE_28 else (64,)
     if H not in heads:
         return f"H={H}: DeepGEMM API {api()}'s paged kernel is built for {' or '.join(map(str, heads))} indexer heads"
     if next_n not in (1, 2):

@@ -29,7 +29,7 @@ def paged_mqa_logits(a):
     if api() == "legacy":
         logits = deep_gemm.fp8_paged_mqa_logits(a.q, a.kv_cache, weights, ctx, table, meta, a.max_context_len,
                                                 False)
-    else:                       # 2.5 and 2.8 share these seven (2.5's clean_logits defaults to False)
+    else:                       # 2.5, 2.8.0 and 2.8 share these seven (clean_logits defaults to False)
         logits = deep_gemm.fp8_fp4_paged_mqa_logits((a.q, None), a.kv_cache, weights, ctx, table, meta,
                                                     a.max_context_len)
     logits = logits[:, :a.max_context_len]
@@ -49,7 +49,7 @@ def _tma_ready(t: torch.Tensor) -> torch.Tensor:
 
 
 def mqa_logits(a):
-    """API 2.5 / legacy: ``clean`` maps to clean_logits (cleaned in the kernel); the [T, S] view of a
+    """API 2.5 / 2.8.0 / legacy: ``clean`` maps to clean_logits (cleaned in the kernel); the [T, S] view of a
     row-padded allocation is copied into the contiguous result. API 2.8 returns compressed rows only
     (column c is key ks + c, tail not cleaned): ``max_seqlen_k = S`` bounds every span without a host
     sync (0 <= ks <= ke <= S), and the rows are moved to absolute columns (``_absolute_columns``)."""
@@ -65,7 +65,7 @@ def mqa_logits(a):
     if generation == "2.8":
         rows = deep_gemm.fp8_fp4_mqa_logits((a.q, None), kv, weights, ks, ke, S)
         return _absolute_columns(rows, ks, ke, a.clean, out)
-    if generation == "2.5":
+    if generation in ("2.5", "2.8.0"):
         logits = deep_gemm.fp8_fp4_mqa_logits((a.q, None), kv, weights, ks, ke, a.clean)
     else:
         logits = deep_gemm.fp8_mqa_logits(a.q, kv, weights, ks, ke, a.clean)

@@ -2,13 +2,14 @@
 argument contract (docs/ops.md §3, §4, §11; DeepGEMM README).
 
 Parameter lists are copied from the wheels' ``deep_gemm/_C.pyi``: generation "2.5" and "legacy" from
-tokenspeed-deepgemm 2.5.0.post20260604 (which declares both name sets), "2.8" from 2.8.2.post20261020.
+tokenspeed-deepgemm 2.5.0.post20260604 (which declares both name sets), "2.8.0" from 2.8.0.post20260924
+(.post20260910 declares the same), "2.8" from 2.8.2.post20261020.
 Semantics: the 2.5 prefill logits follow deepseek-ai/DeepGEMM ``csrc/apis/attention.hpp`` at commit
 0274ad7b911b99b4eb6f8d796403811cf1e18f3d (SM90 kernel ``sm90_fp8_mqa_logits.cuh``); the 2.8 ones the
 host checks of the 2.8.2 wheel's ``deep_gemm/csrc/apis/attention.hpp`` and the store rule of its
 ``include/deep_gemm/impls/sm90_fp8_mqa_logits.cuh`` (``logits[q, kv - ks[q]]`` for ``ks <= kv < ke``). The
 arch (SM90 / SM100) is read from the simulated platform; the SM100 recipe (MX scales, bf16) is checked
-for its host contract but not computed, except 2.8's fp8_einsum with recipe (1, 32, 32) (its scales
+for its host contract but not computed, except the 2.8 line's fp8_einsum with recipe (1, 32, 32) (its scales
 packed to UE8M0 as ``csrc/jit_kernels/impls/smxx_layout.hpp`` does)."""
 import sys
 import types
@@ -163,13 +164,19 @@ def fp8_einsum_25(expr, a, b, d, c=None, recipe=(1, 128, 128)):
     _fp8_einsum(expr, a, b, d, c, recipe)
 
 
-def fp8_einsum_28(expr, a, b, d, c=None, recipe=(1, 128, 128), epilogue_class=None):
-    """SM90: fp8_bmm asserts gran_k 128 for both operands (the (1, 32, 32) recipe is refused)."""
-    assert epilogue_class is None
+def fp8_einsum_280(expr, a, b, d, c=None, recipe=(1, 128, 128)):
+    """2.8.0 (2.5's parameters; einsum.hpp's fp8_bmm as 2.8.2's but for the epilogue). SM90: fp8_bmm
+    asserts gran_k 128 for both operands (the (1, 32, 32) recipe is refused)."""
     if _arch_major() == 10:
         _sm100_fp8_einsum(expr, a, b, d, c, recipe)
     else:
         _fp8_einsum(expr, a, b, d, c, recipe)
+
+
+def fp8_einsum_28(expr, a, b, d, c=None, recipe=(1, 128, 128), epilogue_class=None):
+    """2.8.2: 2.8.0's, plus ``epilogue_class`` (not passed)."""
+    assert epilogue_class is None
+    fp8_einsum_280(expr, a, b, d, c, recipe)
 
 
 def _check_mqa_inputs(q, kv, weights, ks, ke):
@@ -208,6 +215,14 @@ def fp8_fp4_mqa_logits_25(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, 
     q_fp, q_sf = q
     assert q_sf is None and logits_dtype in (None, torch.float32)
     return _mqa_logits(q_fp, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k)
+
+
+def fp8_fp4_mqa_logits_280(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits=True, max_seqlen_k=0,
+                           logits_dtype=None, schedule_meta=None):
+    """2.8.0: 2.5's, plus ``schedule_meta`` (SM100 only; attention.hpp asserts it absent on SM90)."""
+    assert schedule_meta is None
+    return fp8_fp4_mqa_logits_25(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k,
+                                 logits_dtype)
 
 
 def fp8_mqa_logits(q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits=True, max_seqlen_k=0):
@@ -251,6 +266,9 @@ GENERATIONS = {
     "2.8": {"get_paged_mqa_logits_metadata": get_paged_mqa_logits_metadata,
             "fp8_fp4_paged_mqa_logits": fp8_fp4_paged_mqa_logits_28, "fp8_fp4_mqa_logits": fp8_fp4_mqa_logits_28,
             "fp8_einsum": fp8_einsum_28},
+    "2.8.0": {"get_paged_mqa_logits_metadata": get_paged_mqa_logits_metadata,
+              "fp8_fp4_paged_mqa_logits": fp8_fp4_paged_mqa_logits_25, "fp8_fp4_mqa_logits": fp8_fp4_mqa_logits_280,
+              "fp8_einsum": fp8_einsum_280},
     "2.5": {"get_paged_mqa_logits_metadata": get_paged_mqa_logits_metadata,
             "fp8_fp4_paged_mqa_logits": fp8_fp4_paged_mqa_logits_25, "fp8_fp4_mqa_logits": fp8_fp4_mqa_logits_25,
             "fp8_einsum": fp8_einsum_25},
