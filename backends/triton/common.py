@@ -1,11 +1,33 @@
-"""Triton helpers shared by the kernels: exact UE8M0 exponents, scalar arguments, and the e4m3
+"""Triton helpers shared by the kernels: exact UE8M0 exponents, scalar arguments, the e4m3
 arithmetic of both fp8 paths (``Target.fp8_soft``): the FP8 types where the GPU has them, else
-integer decode / encode of the OCP e4m3 bytes (no fp8 type), which gives the same values and bytes."""
+integer decode / encode of the OCP e4m3 bytes (no fp8 type), which gives the same values and bytes;
+and programmatic dependent launch (``Target.pdl``)."""
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+
+@triton.jit
+def let_dependents_launch(PDL: tl.constexpr):
+    """With PDL, the stream's next kernel, if launched with ``pdl_launch``, may start now."""
+    if PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def wait_for_prior_grid(PDL: tl.constexpr):
+    """With PDL, wait until the previous kernel of the stream has ended and its writes are visible
+    (a kernel launched with ``pdl_launch`` reads nothing that kernel writes before this)."""
+    if PDL:
+        gdc_wait()
+
+
+def pdl_launch(pdl: bool) -> dict:
+    """The launch options of a kernel that may start before the previous one ends."""
+    return {"launch_pdl": True} if pdl else {}
 
 
 @triton.jit

@@ -30,6 +30,7 @@ from dsv4ops.backend_support import topk_output
 from dsv4ops.platform import multiprocessors
 
 from . import threshold_topk
+from .common import let_dependents_launch, pdl_launch, wait_for_prior_grid
 from .kth import kth_largest, live_key, pad, resident_warps, selection_slots, sort_key
 from .threshold_topk import append_at_least, collect, collected, load_tau, sample_columns, sample_threshold, store_state
 from .tuning import Target
@@ -158,10 +159,14 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
 
 
 # The threshold path (threshold_topk.py): sample, filter, collect. Row pitch as above; the filter's
-# piece length is a multiple of 16 by construction.
+# piece length is a multiple of 16 by construction. With PDL the filter is launched while the
+# threshold kernel runs and loads its first block of keys (an input nothing before writes) before it
+# waits for it; the collect is launched while the filter runs and waits before anything else.
 @triton.jit(do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
 def _threshold_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n,
-                      state_ptr, MODE: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, RUN: tl.constexpr):
+                      state_ptr, MODE: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, RUN: tl.constexpr,
+                      SLACK: tl.constexpr, PDL: tl.constexpr):
+    let_dependents_launch(PDL)
     row = tl.program_id(0).to(tl.int64)
     start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
     n = end - start
@@ -169,33 +174,40 @@ def _threshold_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens
     if n > CAP:
         col, live = sample_columns(start, n, SAMPLE, RUN)
         x = tl.load(logits_ptr + row * stride_r + col.to(tl.int64) * stride_c, mask=live, other=0.0)
-        tau = sample_threshold(live_key(sort_key(x), live), n, CAP)
+        tau = sample_threshold(live_key(sort_key(x), live), n, CAP, SLACK)
     store_state(state_ptr, tl.num_programs(0), row, tau)
 
 
 @triton.jit(do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
 def _filter_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n,
-                   state_ptr, cand_ptr, chunk, MODE: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr):
+                   state_ptr, cand_ptr, chunk, MODE: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
+                   PDL: tl.constexpr):
+    let_dependents_launch(PDL)
     row = tl.program_id(0).to(tl.int64)
     start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
     lo = start + tl.program_id(1) * chunk
     hi = tl.minimum(end, lo + chunk)
-    tau = load_tau(state_ptr, row)
     src = logits_ptr + row * stride_r
+    c = lo + tl.arange(0, BLOCK)                 # each block's keys are loaded one block ahead
+    x = tl.load(src + c.to(tl.int64) * stride_c, mask=c < hi, other=0.0)
+    wait_for_prior_grid(PDL)
+    tau = load_tau(state_ptr, row)
     cand = cand_ptr + row * (2 * CAP)
     count_ptr = state_ptr + tl.num_programs(0) + row
-    for c0 in range(lo, hi, BLOCK):
-        c = c0 + tl.arange(0, BLOCK)
-        live = c < hi
-        x = tl.load(src + c.to(tl.int64) * stride_c, mask=live, other=0.0)
-        append_at_least(cand, count_ptr, live_key(sort_key(x), live), c, tau, CAP)
+    for _ in range(lo, hi, BLOCK):
+        following = c + BLOCK
+        x_following = tl.load(src + following.to(tl.int64) * stride_c, mask=following < hi, other=0.0)
+        append_at_least(cand, count_ptr, live_key(sort_key(x), c < hi), c, tau, CAP)
+        c, x = following, x_following
 
 
 @triton.jit(do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
 def _collect_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n,
-                    state_ptr, cand_ptr, out_ptr, out_stride, k, MODE: tl.constexpr, CAP: tl.constexpr):
+                    state_ptr, cand_ptr, out_ptr, out_stride, k, MODE: tl.constexpr, CAP: tl.constexpr,
+                    PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
+    wait_for_prior_grid(PDL)
     count, complete = collected(state_ptr, tl.num_programs(0), row, tl.minimum(k, end - start), CAP)
     dst = out_ptr + row * out_stride
     if complete:
@@ -253,12 +265,15 @@ def _by_threshold(target: Target, rows: tuple, mode: int, k: int, out, sms: int)
     cand, state = threshold_topk.workspace(R, cap, logits.device)
     pieces = max(1, min(triton.cdiv(tune.topk_filter_programs * sms, R), triton.cdiv(W, tune.topk_filter_block)))
     keys_per_thread = tune.topk_keys_per_thread
+    pdl = target.pdl
     _threshold_kernel[(R,)](*rows, state, MODE=mode, CAP=cap, SAMPLE=sample, RUN=min(32, sample),
+                            SLACK=tune.topk_sample_slack, PDL=pdl,
                             num_warps=resident_warps(sample, keys_per_thread, lanes))
     _filter_kernel[(R, pieces)](*rows, state, cand, _round16(triton.cdiv(W, pieces)), MODE=mode, CAP=cap,
-                                BLOCK=tune.topk_filter_block, num_warps=tune.topk_filter_warps)
-    _collect_kernel[(R,)](*rows, state, cand, out, k, k, MODE=mode, CAP=cap,
-                          num_warps=resident_warps(cap, keys_per_thread, lanes))
+                                BLOCK=tune.topk_filter_block, PDL=pdl, num_warps=tune.topk_filter_warps,
+                                **pdl_launch(pdl))
+    _collect_kernel[(R,)](*rows, state, cand, out, k, k, MODE=mode, CAP=cap, PDL=pdl,
+                          num_warps=resident_warps(cap, keys_per_thread, lanes), **pdl_launch(pdl))
     return out
 
 

@@ -23,7 +23,14 @@ def _count_and_neighbours(a_count, a_up, a_down, b_count, b_up, b_down):
 def kth_largest(key, k):
     """``(threshold, want)``: ``want`` = min(k, live keys) (``key`` >= 1; 0 marks a dead one), and
     the ``want``-th largest live key, or a key value with exactly ``want`` live keys at or above it
-    (all ones when ``want`` is 0).
+    (all ones when ``want`` is 0). ``kth_largest_within`` with no slack."""
+    return kth_largest_within(key, k, 0)
+
+
+@triton.jit
+def kth_largest_within(key, k, slack):
+    """As ``kth_largest``, but the search may end on a live key with up to ``want + slack`` live keys
+    at or above it (an estimate's rank, fewer steps).
 
     A bracketed search: ``lo`` is a live key with at least ``want`` keys at or above it, ``hi`` a
     bound with fewer. Each step counts the keys at or above a trial point (one block reduction) and
@@ -34,7 +41,7 @@ def kth_largest(key, k):
     trial point, so that end lands on a live key (and the other end's weight halves, Illinois-style):
     a bracket holding one key value then ends the search. About 5-15 steps on logit-like rows,
     bf16-rounded or with few distinct values included, against 32 for a bit-by-bit bisection. It ends
-    when ``lo`` has exactly ``want`` keys at or above it or the bracket holds one key value.
+    when ``lo`` has ``want`` to ``want + slack`` keys at or above it or the bracket holds one key value.
     """
     live = key > 0
     live_count, lo, hi = tl.reduce((live.to(tl.int32), tl.where(live, key, 0xFFFFFFFF), key), 0,
@@ -42,12 +49,13 @@ def kth_largest(key, k):
     want = tl.minimum(live_count, k)
     lo = lo.to(tl.int64)
     hi = hi.to(tl.int64) + 1
-    excess_lo = (live_count - want).to(tl.float32)                            # count(>= lo) - want
+    over_lo = live_count - want                                               # count(>= lo) - want
+    excess_lo = over_lo.to(tl.float32)           # the interpolation's weights: the ends' excess, halved when stalled
     excess_hi = -want.to(tl.float32)                                          # count(>= hi) - want
     budget = tl.full((), 1 << 33, tl.int64)
     kept = 0                                     # end moved by the last step: 1 lo, -1 hi
     stalled = False                              # the last two steps moved the same end
-    while (want > 0) & (hi - lo > 1) & (excess_lo != 0):
+    while (want > 0) & (hi - lo > 1) & (over_lo > slack):
         budget = budget // 2
         step = ((hi - lo).to(tl.float32) * (excess_lo / (excess_lo - excess_hi))).to(tl.int64)
         trial = tl.minimum(tl.maximum(lo + step, tl.maximum(lo + 1, hi - budget)), tl.minimum(hi - 1, lo + budget))
@@ -62,6 +70,7 @@ def kth_largest(key, k):
         excess = (count - want).to(tl.float32)
         if excess >= 0:                          # count(>= up) = count
             lo = up.to(tl.int64)
+            over_lo = count - want
             excess_lo = excess
             stalled = kept == 1
             excess_hi = tl.where(stalled, excess_hi * 0.5, excess_hi)

@@ -4,9 +4,9 @@
 Three kernels per call, each over every row:
 
 1. **threshold**: from a sample of the row's keys (``SAMPLE`` keys in evenly spaced runs of
-   consecutive columns), ``tau``, the sample's key above which about ``CAP / 2`` of the row's live
-   keys are expected (``sample_threshold``); 1, every live key, when the row has at most ``CAP``.
-   The row's candidate count is zeroed.
+   consecutive columns), ``tau``, a sample key above which ``CAP / 2`` to ``CAP / 2 * (1 + 1 /
+   SLACK)`` of the row's live keys are expected (``sample_threshold``); 1, every live key, when the
+   row has at most ``CAP``. The row's candidate count is zeroed.
 2. **filter**: programs over the row's keys append every live key ``>= tau``, with its column, to
    the row's ``CAP`` candidate slots, reserving positions with one atomic add per block
    (``append_at_least``). Every key is read once; nothing else is written.
@@ -19,8 +19,12 @@ Three kernels per call, each over every row:
 Workspace, per call: int32 ``[rows, 2, CAP]`` candidates (order-preserving uint32 keys, then
 columns) and int32 ``[2, rows]`` (``tau``, count): ``rows * (2 * CAP + 2) * 4`` bytes, independent
 of the row length. ``CAP`` is ``4 * k`` rounded up to a power of two (``capacity``): with a 2048-key
-sample of a 32768-key row and ``k = 512`` the expected count is 1024 with a standard deviation
-about 128, four deviations from either end.
+sample of a 32768-key row and ``k = 512`` the expected count is 1024 to 1280 (``SLACK`` 4) with a
+standard deviation about 128, four deviations from either end.
+
+With PDL (``Target.pdl``) the filter and collect kernels are launched while the previous kernel runs:
+the filter loads its first block (an input) before it waits for the threshold kernel; the collect
+waits before it reads anything the filter writes.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .kth import kth_largest, selection_slots
+from .kth import kth_largest, kth_largest_within, selection_slots
 
 MAX_CAP = 32768             # candidate slots a collect program selects from in registers (16-bit slot counts)
 SAMPLED_RANK = 64           # the sample's rank of tau at the widest row: the count deviates about 1/8 (4 deviations to either end)
@@ -70,13 +74,14 @@ def sample_columns(start, n, SAMPLE: tl.constexpr, RUN: tl.constexpr):
     spaced = start + (i // RUN) * (n // (SAMPLE // RUN)) + i % RUN
     return tl.where(n > SAMPLE, spaced, start + i), i < n
 @triton.jit
-def sample_threshold(key, n, CAP: tl.constexpr):
+def sample_threshold(key, n, CAP: tl.constexpr, SLACK: tl.constexpr):
     """``tau`` (uint32 >= 1) from sample keys ``key`` (live >= 1, dead 0) of a row with ``n`` live
-    keys, ``n > CAP``: the sample's ``ceil(CAP / 2 * live / n)``-th largest key. A sample with no
-    live key gives all ones (nothing passes: the collect falls back)."""
+    keys, ``n > CAP``: a sample key with ``rank`` to ``rank + rank // SLACK`` sample keys at or above
+    it, ``rank = ceil(CAP / 2 * live / n)``. A sample with no live key gives all ones (nothing
+    passes: the collect falls back)."""
     live = tl.sum((key > 0).to(tl.int32), axis=0)
-    rank = ((CAP // 2) * live.to(tl.int64) + n - 1) // n
-    tau, _ = kth_largest(key, tl.maximum(rank, 1).to(tl.int32))
+    rank = tl.maximum(((CAP // 2) * live.to(tl.int64) + n - 1) // n, 1).to(tl.int32)
+    tau, _ = kth_largest_within(key, rank, rank // SLACK)
     return tl.maximum(tau, 1)
 
 

@@ -45,6 +45,7 @@ class Tuning:
     topk_keys_per_thread: int = 32  # resident selection: keys each thread holds (sets the warps: >= 4, <= 1024 threads)
     topk_threshold_min: int = 16384  # rows at least this wide select through a sampled threshold (threshold_topk.py)
     topk_sample: int = 2048         # ... keys sampled per row for the threshold
+    topk_sample_slack: int = 4      # ... its rank in the sample may exceed the aimed one by 1/this (a shorter search)
     topk_filter_block: int = 1024   # ... keys per step of a filter program
     topk_filter_warps: int = 4
     topk_filter_programs: int = 4   # ... filter programs per multiprocessor (sets the pieces a row is split into)
@@ -67,6 +68,8 @@ class Tuning:
     compress_pool_warps: int = 4    # the channel-group pooling programs
     compress_pool_tokens: int = 64  # tokens per pooling / entry program (it takes the windows they close in turn)
     compress_tokens: int = 1        # tokens per whole-window program (channels >= D) per 512 channels, at most the ratio
+    pdl: int = 1                    # 1: programmatic dependent launch where the GPU has it (CUDA sm90+): the top-k's
+                                    # threshold-path kernels start while the previous one finishes; 0: off
     fp8_path: str = "auto"          # fp8 arithmetic: auto (the platform's capability), soft (integer
                                     # decode / encode, bf16 / fp16 dots) or hw (fp8 dtypes and FP8 MMA)
 
@@ -131,18 +134,26 @@ class Target:
     """What a Triton wrapper knows of where it runs, bound once per dispatch decision (the backend's
     context): the platform, its tunables, Triton's threads per warp there, and the fp8 arithmetic
     path: ``fp8_soft`` False runs fp8 dtypes and FP8 MMA, True decodes and encodes e4m3 with
-    integer operations and runs bf16 / fp16 dots (``fp8_path``)."""
+    integer operations and runs bf16 / fp16 dots (``fp8_path``); ``pdl``: kernels that wait for the
+    previous grid with ``wait_for_prior_grid`` may be launched before it ends (``has_pdl``)."""
 
     platform: Platform
     tuning: Tuning
     warp_lanes: int
     fp8_soft: bool
+    pdl: bool = False
 
 
 def target(plat: Platform) -> Target:
     tune = tuning(plat)
     soft = tune.fp8_path == "soft" or (tune.fp8_path == "auto" and not has_fp8_mma(plat))
-    return Target(plat, tune, warp_lanes(plat), soft)
+    return Target(plat, tune, warp_lanes(plat), soft, bool(tune.pdl) and has_pdl(plat))
+
+
+def has_pdl(plat: Platform) -> bool:
+    """Whether ``plat`` has programmatic dependent launch (a kernel launched while the previous one of
+    its stream runs, its programs waiting for it at ``griddepcontrol.wait``): NVIDIA from sm90."""
+    return plat.vendor == "cuda" and cuda_sm(plat) >= 90
 
 
 def has_fp8_mma(plat: Platform) -> bool:
@@ -196,7 +207,7 @@ def _allowed(name: str, value: int | str, max_warps: int) -> str | None:
     return None if power_of_two and value >= minimum else f"a power of two, at least {minimum}"
 
 
-_CHOICES = {"einsum_tma": (0, 1), "fp8_path": ("auto", "soft", "hw"), "fused_path": ("auto", "stream", "chunks")}
+_CHOICES = {"einsum_tma": (0, 1), "pdl": (0, 1), "fp8_path": ("auto", "soft", "hw"), "fused_path": ("auto", "stream", "chunks")}
 _WORDS = ("fp8_path", "fused_path")     # tunables whose values are words, not integers
 _MAXIMUM = {"topk_resident": 32768}     # a resident top-k counts its output slots in 16-bit fields
 _DOT_OPERANDS = ("decode_block_h", "decode_block_k", "prefill_block_h", "prefill_block_k", "einsum_block_m",
