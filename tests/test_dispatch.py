@@ -399,6 +399,23 @@ def test_triton_tuning_warps_are_limited_by_the_gpus_warp_width(env):
     assert tuning(cdna).topk_warps == 16
 
 
+@pytest.mark.parametrize("plat,pdl", [("cuda:sm80", False), ("cuda:sm89", False), ("cuda:sm90", True),
+                                      ("cuda:sm120", True), ("rocm:gfx942", False)])
+def test_programmatic_dependent_launch_only_where_the_gpu_has_it(plat, pdl, env):
+    """``Target.pdl`` on CUDA sm90+ only (``griddepcontrol``), never in the interpreter; the tunable
+    ``pdl=0`` turns it off, and it takes 0 or 1."""
+    from dsv4ops.backends.triton.tuning import target, tuning
+
+    assert not target(dsv4ops.platform("cpu")).pdl
+    with dsv4ops.simulate_platform(*plat.split(":")) as p:
+        assert target(p).pdl is pdl
+        env(DSV4OPS_TRITON_TUNING="pdl=0")
+        assert target(p).pdl is False
+        env(DSV4OPS_TRITON_TUNING="pdl=2")
+        with pytest.raises(dsv4ops.ConfigError, match="pdl=2 must be 0 or 1"):
+            tuning(p)
+
+
 # ---------------------------------------------------------------------------------------------
 # Measured dispatch (dsv4ops tune's selection table)
 
