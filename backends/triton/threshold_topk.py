@@ -101,11 +101,15 @@ def load_tau(state_ptr, row):
 def append_at_least(cand, count_ptr, key, col, tau, CAP: tl.constexpr):
     """Appends the entries of a block (``key`` uint32 from ``live_key``, ``col`` int32) whose key is
     at least ``tau`` (>= 1: dead keys never pass) to the row's candidates ``cand`` (keys, then the
-    columns ``CAP`` slots on). ``count_ptr`` counts every such entry, also those past ``CAP``."""
+    columns ``CAP`` slots on). ``count_ptr`` counts every such entry, also those past ``CAP``.
+
+    The count's atomic add is relaxed: it only hands out distinct positions, and what the filter
+    stores is read by the next kernel, after the grid ends (or after its ``griddepcontrol.wait``).
+    The default (acq_rel) fences every block's add, waiting on the loads in flight."""
     keep = key >= tau
     n = tl.sum(keep.to(tl.int32), axis=0)
     if n > 0:
-        pos = tl.atomic_add(count_ptr, n) + tl.cumsum(keep.to(tl.int32), axis=0) - 1
+        pos = tl.atomic_add(count_ptr, n, sem="relaxed") + tl.cumsum(keep.to(tl.int32), axis=0) - 1
         kept = keep & (pos < CAP)
         tl.store(cand + pos, key.to(tl.int32, bitcast=True), mask=kept)
         tl.store(cand + CAP + pos, col, mask=kept)
