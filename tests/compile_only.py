@@ -1,7 +1,8 @@
-"""Compile every Triton kernel the quick conformance tier launches for a GPU target, on a machine
+"""Compile every Triton kernel a conformance tier launches for a GPU target, on a machine
 without one: ``python tests/compile_only.py cuda:sm90 [--all-layouts] [--asm DIR] [--ops A,B]
-[--tuning SPEC]`` (``--tuning``: Triton tunables as ``DSV4OPS_TRITON_TUNING`` takes them, e.g. a
-kernel family the defaults do not pick; ``--ops``: only those ops' cases).
+[--tuning SPEC] [--tier full]`` (``--tuning``: Triton tunables as ``DSV4OPS_TRITON_TUNING`` takes
+them, e.g. a kernel family the defaults do not pick; ``--ops``: only those ops' cases; ``--tier``:
+the conformance tier whose cases run, ``quick`` unless named).
 
 The Triton interpreter (how CI runs the kernels) never runs Triton's code generator, so a kernel can
 pass every CPU test and still fail to compile for a GPU (a variable with two shapes across
@@ -110,7 +111,7 @@ def main(argv) -> int:
     only = option("--ops").split(",") if option("--ops") else OP_NAMES
     with dsv4ops.simulate_platform(*name.split(":")) as plat:
         for op in only:
-            for case in cases(op, "quick"):
+            for case in cases(op, option("--tier") or "quick"):
                 if not all_layouts and "strided" in case.kwargs:
                     continue
                 call = OPS[op].validate_call(**case.build("cpu", 0))

@@ -53,17 +53,33 @@ def _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, 
 
 
 @triton.jit
-def _candidates(src, stride_c, cand_row, p, lo, hi, GATHER: tl.constexpr):
-    """Columns and keys at positions ``p``: the positions themselves (valid in [lo, hi)), or, when
-    gathering, the candidate columns stored at ``cand_row[p]`` (valid when >= 0)."""
+def _piece(start, end, part, chunk, width):
+    """Piece ``part`` of a row's columns [start, end), pieces of ``chunk`` columns counted from
+    ``start`` rounded down to 16: ``(first, lo, hi, load_end)``. The piece reads columns ``first + i``
+    (``i < chunk``) below ``load_end`` (``end`` rounded up to 16, at most the logits' ``width``) and
+    keeps those in [lo, hi). Where ``chunk`` and ``width`` are multiples of 16 (Triton specializes
+    that), ``first`` and ``load_end`` are too, so each load's mask is constant over groups of 16
+    columns and Triton issues 16-byte vector loads; a mask ending at ``end`` itself compiles to one
+    4-byte load per key."""
+    first = start // 16 * 16 + part * chunk
+    load_end = tl.minimum(first + chunk, tl.minimum((end + 15) // 16 * 16, width))
+    return first, tl.maximum(start, first), tl.minimum(end, first + chunk), load_end
+
+
+@triton.jit
+def _candidates(src, stride_c, cand_row, p, lo, hi, load_end, GATHER: tl.constexpr):
+    """Columns, liveness and keys at positions ``p``: the positions themselves (live in [lo, hi),
+    loaded below ``load_end``: ``_piece``), or, when gathering, the candidate columns stored at
+    ``cand_row[p]`` (live when >= 0). The key of a dead position is unspecified."""
     if GATHER:
         col = tl.load(cand_row + p, mask=p < hi, other=-1)
         live = col >= 0
+        x = tl.load(src + col.to(tl.int64) * stride_c, mask=live, other=0.0)
     else:
         col = p
         live = (p >= lo) & (p < hi)
-    key = sort_key(tl.load(src + col.to(tl.int64) * stride_c, mask=live, other=0.0))
-    return col, live, key
+        x = tl.load(src + col.to(tl.int64) * stride_c, mask=p < load_end, other=0.0)
+    return col, live, sort_key(x)
 
 
 @triton.jit
@@ -78,10 +94,11 @@ def _next_digit(hist, remaining, BINS: tl.constexpr):
 
 
 @triton.jit
-def _select_resident(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER: tl.constexpr, BLOCK: tl.constexpr):
-    """Writes the k largest of the positions [lo, hi) (hi - lo <= BLOCK) to ``dst`` as ``column -
-    base``, ties as many as fill k; the keys stay in registers. Returns how many it wrote."""
-    col, live, key = _candidates(src, stride_c, cand_row, lo + tl.arange(0, BLOCK), lo, hi, GATHER)
+def _select_resident(src, stride_c, cand_row, first, lo, hi, load_end, k, base, dst, GATHER: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """Writes the k largest of the positions [lo, hi) (inside [first, first + BLOCK)) to ``dst`` as
+    ``column - base``, ties as many as fill k; the keys stay in registers. Returns how many it wrote."""
+    col, live, key = _candidates(src, stride_c, cand_row, first + tl.arange(0, BLOCK), lo, hi, load_end, GATHER)
     key = live_key(key, live)
     threshold, want = kth_largest(key, k)
     slot, chosen = selection_slots(key, threshold, want)
@@ -90,17 +107,18 @@ def _select_resident(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER: tl.c
 
 
 @triton.jit
-def _select_streamed(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER: tl.constexpr, BLOCK: tl.constexpr):
-    """As ``_select_resident`` for any number of positions, block by block: 4 passes of an 8-bit
-    histogram find the k-th largest key, then one pass writes the keys above it, one the ties."""
+def _select_streamed(src, stride_c, cand_row, first, lo, hi, load_end, k, base, dst, GATHER: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """As ``_select_resident`` for any number of positions (blocks from ``first``): 4 passes of an
+    8-bit histogram find the k-th largest key, then one pass writes the keys above it, one the ties."""
     prefix = tl.zeros((), tl.uint32)
     remaining = 0
     want = 0
     for p in range(4):                           # most significant byte first
         shift = 24 - 8 * p
         hist = tl.zeros((256,), tl.int32)
-        for c0 in range(lo, hi, BLOCK):
-            col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
+        for c0 in range(first, hi, BLOCK):
+            col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, load_end, GATHER)
             if p > 0:
                 live = live & ((key >> (shift + 8)) == prefix)
             hist += tl.histogram(((key >> shift) & 0xFF).to(tl.int32), 256, mask=live)
@@ -111,15 +129,15 @@ def _select_streamed(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER: tl.c
         prefix = (prefix << 8) | chosen.to(tl.uint32)
     # prefix is the want-th largest key; `remaining` ties with it are still to be taken.
     written = 0
-    for c0 in range(lo, hi, BLOCK):
-        col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
+    for c0 in range(first, hi, BLOCK):
+        col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, load_end, GATHER)
         above = live & (key > prefix) & (want > 0)
         pos = written + tl.cumsum(above.to(tl.int32), axis=0) - 1
         tl.store(dst + pos, (col - base).to(tl.int32), mask=above)
         written += tl.sum(above.to(tl.int32), axis=0)
     ties = 0
-    for c0 in range(lo, hi, BLOCK):
-        col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, GATHER)
+    for c0 in range(first, hi, BLOCK):
+        col, live, key = _candidates(src, stride_c, cand_row, c0 + tl.arange(0, BLOCK), lo, hi, load_end, GATHER)
         tie = live & (key == prefix) & (want > 0)
         rank = ties + tl.cumsum(tie.to(tl.int32), axis=0) - 1
         tl.store(dst + written + rank, (col - base).to(tl.int32), mask=tie & (rank < remaining))
@@ -128,14 +146,14 @@ def _select_streamed(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER: tl.c
 
 
 # The row bounds are scalar loads: their addresses' alignment is not specialized. The integers are:
-# Triton's divisibility-by-16 of the row pitch (``stride_r``) lets a program load its row in 16-byte
-# vectors (1.39x faster at 128 x 32768 on the H100, docs/perf/README.md); the piece length and the
-# candidate pitch are multiples of 16 by construction (``_split``, ``_round16``), so only the
-# row pitch adds a variant (``pitch_class``).
+# Triton's divisibility-by-16 of the row pitch (``stride_r``) and of the width (``_piece``) lets a
+# program load its row in 16-byte vectors (docs/perf/README.md); the piece length and the candidate
+# pitch are multiples of 16 by construction (``_split``, ``_round16``), and a contiguous row's pitch
+# is its width, so only the row pitch adds a variant (``pitch_class``).
 @triton.jit(do_not_specialize=["n_cand"], do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
 def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1,
                          next_n, cand_ptr, cand_stride,
-                         n_cand, out_ptr, out_stride, k, chunk,
+                         n_cand, out_ptr, out_stride, k, chunk, width,
                          MODE: tl.constexpr, GATHER: tl.constexpr, LOCAL: tl.constexpr, BLOCK: tl.constexpr,
                          RESIDENT: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -144,17 +162,15 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
     src = logits_ptr + row * stride_r
     cand_row = cand_ptr + row * cand_stride
     if GATHER:
-        lo = 0
-        hi = n_cand
+        first, lo, hi, load_end = 0, 0, n_cand, n_cand
     else:
-        lo = start + part * chunk
-        hi = tl.minimum(end, lo + chunk)
+        first, lo, hi, load_end = _piece(start, end, part, chunk, width)
     base = start if LOCAL else 0                 # written column = column - base
     dst = out_ptr + row * out_stride + part * k
-    if RESIDENT:                                 # hi - lo <= BLOCK: one load, selection in registers
-        want = _select_resident(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER, BLOCK)
+    if RESIDENT:                                 # hi - first <= BLOCK: one load, selection in registers
+        want = _select_resident(src, stride_c, cand_row, first, lo, hi, load_end, k, base, dst, GATHER, BLOCK)
     else:
-        want = _select_streamed(src, stride_c, cand_row, lo, hi, k, base, dst, GATHER, BLOCK)
+        want = _select_streamed(src, stride_c, cand_row, first, lo, hi, load_end, k, base, dst, GATHER, BLOCK)
     pad(dst, want, k, BLOCK)
 
 
@@ -213,8 +229,8 @@ def _collect_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_p
     if complete:
         want = collect(cand_ptr + row * (2 * CAP), count, k, start, dst, CAP)
     else:                                        # the sample misjudged the row: select from the row itself
-        want = _select_streamed(logits_ptr + row * stride_r, stride_c, cand_ptr, start, end, k, start, dst, False,
-                                CAP)
+        want = _select_streamed(logits_ptr + row * stride_r, stride_c, cand_ptr, start, start, end, end, k, start,
+                                dst, False, CAP)
     pad(dst, want, k, CAP)
 
 
@@ -332,6 +348,7 @@ def _launch(rows, mode, tune, lanes, k, grid, cand, cand_stride, n_cand, out, ou
             local):
     """One launch whose programs each select among ``span`` positions (``launch_variant``)."""
     resident, block, warps = launch_variant(span, tune, lanes)
-    _indexer_topk_kernel[grid](*rows, cand, cand_stride, n_cand, out, out_stride, k, chunk, MODE=mode, GATHER=gather,
+    _indexer_topk_kernel[grid](*rows, cand, cand_stride, n_cand, out, out_stride, k, chunk, rows[0].shape[1],
+                               MODE=mode, GATHER=gather,
                                LOCAL=local, BLOCK=block, RESIDENT=resident, num_warps=warps)
 
