@@ -84,12 +84,14 @@ def test_every_kernel_compiles_for(compiled, target):
 @pytest.mark.slow
 def test_topk_rows_load_in_16_byte_vectors(tmp_path):
     """At the production shapes (indexer_topk's full tier, compiled for sm90) the one-program top-k
-    selection reads its logits row in 16-byte vectors (``indexer_topk._piece``: load masks constant
-    over 16 columns); a mask ending at the row's own end compiles to one 4-byte load per key."""
+    selection, the threshold path's sample and its filter read the logits in 16-byte vectors
+    (``indexer_topk._piece``, ``threshold_topk.sample_columns``: load masks constant over 16
+    columns); a mask ending at the row's own end compiles to one 4-byte load per key."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DSV4OPS_TRITON_TUNING")}
     run = subprocess.run([sys.executable, str(SCRIPT), "cuda:sm90", "--ops", "indexer_topk", "--tier", "full", "--asm",
                           str(tmp_path)], capture_output=True, text=True, env=env, timeout=1200)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    codes = [path.read_text() for path in tmp_path.glob("_indexer_topk_kernel.*.s")]
-    assert codes, "no _indexer_topk_kernel variant compiled"
-    assert any("ld.global.v4.b32" in code for code in codes), "no _indexer_topk_kernel variant loads 16-byte vectors"
+    for kernel in ("_indexer_topk_kernel", "_threshold_kernel", "_filter_kernel"):
+        codes = [path.read_text() for path in tmp_path.glob(f"{kernel}.*.s")]
+        assert codes, f"no {kernel} variant compiled"
+        assert any("ld.global.v4.b32" in code for code in codes), f"no {kernel} variant loads 16-byte vectors"

@@ -180,7 +180,7 @@ def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, l
 # waits for it; the collect is launched while the filter runs and waits before anything else.
 @triton.jit(do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
 def _threshold_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n,
-                      state_ptr, MODE: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, RUN: tl.constexpr,
+                      state_ptr, width, MODE: tl.constexpr, CAP: tl.constexpr, SAMPLE: tl.constexpr, RUN: tl.constexpr,
                       SLACK: tl.constexpr, PDL: tl.constexpr):
     let_dependents_launch(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -189,31 +189,37 @@ def _threshold_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens
     tau = tl.full((), 1, tl.uint32)
     if n > CAP:
         col, live = sample_columns(start, n, SAMPLE, RUN)
-        x = tl.load(logits_ptr + row * stride_r + col.to(tl.int64) * stride_c, mask=live, other=0.0)
+        load_end = tl.minimum((end + 15) // 16 * 16, width)          # as in _piece: 16-column groups
+        x = tl.load(logits_ptr + row * stride_r + col.to(tl.int64) * stride_c, mask=col < load_end, other=0.0)
         tau = sample_threshold(live_key(sort_key(x), live), n, CAP, SLACK)
     store_state(state_ptr, tl.num_programs(0), row, tau)
 
 
 @triton.jit(do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
 def _filter_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n,
-                   state_ptr, cand_ptr, chunk, MODE: tl.constexpr, CAP: tl.constexpr, BLOCK: tl.constexpr,
-                   PDL: tl.constexpr):
+                   state_ptr, cand_ptr, chunk, width, MODE: tl.constexpr, CAP: tl.constexpr,
+                   BLOCK: tl.constexpr, PDL: tl.constexpr):
     let_dependents_launch(PDL)
     row = tl.program_id(0).to(tl.int64)
     start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
-    lo = start + tl.program_id(1) * chunk
-    hi = tl.minimum(end, lo + chunk)
+    if MODE == 0:                                # rows from anywhere: pieces from the row start (measured
+                                                 # faster there than 16-byte loads, docs/perf/README.md)
+        first = start + tl.program_id(1) * chunk
+        lo, hi = first, tl.minimum(end, first + chunk)
+        load_end = hi
+    else:                                        # decode rows start at 0: 16-byte loads (_piece)
+        first, lo, hi, load_end = _piece(start, end, tl.program_id(1), chunk, width)
     src = logits_ptr + row * stride_r
-    c = lo + tl.arange(0, BLOCK)                 # each block's keys are loaded one block ahead
-    x = tl.load(src + c.to(tl.int64) * stride_c, mask=c < hi, other=0.0)
+    c = first + tl.arange(0, BLOCK)              # each block's keys are loaded one block ahead
+    x = tl.load(src + c.to(tl.int64) * stride_c, mask=c < load_end, other=0.0)
     wait_for_prior_grid(PDL)
     tau = load_tau(state_ptr, row)
     cand = cand_ptr + row * (2 * CAP)
     count_ptr = state_ptr + tl.num_programs(0) + row
-    for _ in range(lo, hi, BLOCK):
+    for _ in range(first, hi, BLOCK):
         following = c + BLOCK
-        x_following = tl.load(src + following.to(tl.int64) * stride_c, mask=following < hi, other=0.0)
-        append_at_least(cand, count_ptr, live_key(sort_key(x), c < hi), c, tau, CAP)
+        x_following = tl.load(src + following.to(tl.int64) * stride_c, mask=following < load_end, other=0.0)
+        append_at_least(cand, count_ptr, live_key(sort_key(x), (c >= lo) & (c < hi)), c, tau, CAP)
         c, x = following, x_following
 
 
@@ -282,10 +288,10 @@ def _by_threshold(target: Target, rows: tuple, mode: int, k: int, out, sms: int)
     pieces = max(1, min(triton.cdiv(tune.topk_filter_programs * sms, R), triton.cdiv(W, tune.topk_filter_block)))
     keys_per_thread = tune.topk_keys_per_thread
     pdl = target.pdl
-    _threshold_kernel[(R,)](*rows, state, MODE=mode, CAP=cap, SAMPLE=sample, RUN=min(32, sample),
+    _threshold_kernel[(R,)](*rows, state, W, MODE=mode, CAP=cap, SAMPLE=sample, RUN=min(32, sample),
                             SLACK=tune.topk_sample_slack, PDL=pdl,
                             num_warps=resident_warps(sample, keys_per_thread, lanes))
-    _filter_kernel[(R, pieces)](*rows, state, cand, _round16(triton.cdiv(W, pieces)), MODE=mode, CAP=cap,
+    _filter_kernel[(R, pieces)](*rows, state, cand, _round16(triton.cdiv(W, pieces)), W, MODE=mode, CAP=cap,
                                 BLOCK=tune.topk_filter_block, PDL=pdl, num_warps=tune.topk_filter_warps,
                                 **pdl_launch(pdl))
     _collect_kernel[(R,)](*rows, state, cand, out, k, k, MODE=mode, CAP=cap, PDL=pdl,

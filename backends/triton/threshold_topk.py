@@ -68,11 +68,15 @@ def workspace_bytes(rows: int, cap: int) -> int:
 
 @triton.jit
 def sample_columns(start, n, SAMPLE: tl.constexpr, RUN: tl.constexpr):
-    """(columns, live) of a sample of ``[start, start + n)``: ``SAMPLE // RUN`` evenly spaced runs
-    of ``RUN`` consecutive columns; the whole range (the rest not live) when ``n <= SAMPLE``."""
+    """(columns, live) of a sample of ``[start, start + n)``: ``SAMPLE // RUN`` runs of ``RUN``
+    consecutive columns, evenly spaced (``RUN`` apart when ``n <= SAMPLE``: the range from ``start``
+    rounded down to 16) and each starting at a multiple of 16, so that loads masked to 16-column
+    groups are 16-byte vectors; columns outside the range are not live."""
     i = tl.arange(0, SAMPLE)
-    spaced = start + (i // RUN) * (n // (SAMPLE // RUN)) + i % RUN
-    return tl.where(n > SAMPLE, spaced, start + i), i < n
+    col = (start + (i // RUN) * tl.maximum(n // (SAMPLE // RUN), RUN)) // 16 * 16 + i % RUN
+    return col, (col >= start) & (col < start + n)
+
+
 @triton.jit
 def sample_threshold(key, n, CAP: tl.constexpr, SLACK: tl.constexpr):
     """``tau`` (uint32 >= 1) from sample keys ``key`` (live >= 1, dead 0) of a row with ``n`` live
