@@ -78,18 +78,19 @@ _TABLE = {
     # sm90: each choice below is the fastest variant of its sweep on the H100 (the sweeps, their
     # artifacts and numbers: docs/perf/README.md, "Triton defaults on sm90"). Decode and prefill:
     # 64 heads x 128 rows per step, the index list split only up to one wave; logits: 128 tokens per
-    # program; top-k: rows of 16384 columns and more through the sampled threshold, its filter over
-    # 512-key blocks at 32 programs per SM; narrower rows select in registers, one program per row
-    # (no piece shorter than 8192 columns), streamed blocks of 8192 on 16 warps for a k too large for
-    # the threshold path; insert: 4 heads per program on 2 warps; fp8_einsum through TMA descriptors;
-    # C128 compressor pooled over 32 positions per step.
+    # program; top-k: rows of 16384 columns and more through the sampled threshold (samples as small
+    # as the sampled rank allows, from 1024 keys), its filter over 512-key blocks at 32 programs per
+    # SM; narrower rows select in registers, one program per row (no piece shorter than 8192
+    # columns), streamed blocks of 8192 on 16 warps for a k too large for the threshold path;
+    # insert: 4 heads per program on 2 warps; fp8_einsum through TMA descriptors; C128 compressor
+    # pooled over 32 positions per step.
     ("cuda", "sm90"): Tuning(decode_block_h=64, decode_block_k=128, decode_warps=8, decode_waves=1,
                              prefill_block_h=64, prefill_block_k=128, prefill_warps=8, prefill_stages=1,
                              einsum_block_m=64, einsum_block_n=128, einsum_stages=4, einsum_tma=1,
                              logits_block_t=128,
                              mqa_block_q=2, mqa_block_s=128, mqa_chunk_s=2048, mqa_warps=8, mqa_stages=3,
                              topk_block=8192, topk_warps=16, topk_resident=16384, topk_min_piece=8192,
-                             topk_filter_block=512, topk_filter_programs=32,
+                             topk_sample=1024, topk_filter_block=512, topk_filter_programs=32,
                              insert_heads=4, insert_warps=2, compress_chunk=32),
     ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, prefill_block_h=16, prefill_block_k=16,
                           topk_block=64, topk_resident=128, topk_min_piece=32, topk_threshold_min=256,
