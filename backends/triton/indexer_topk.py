@@ -56,9 +56,9 @@ def _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, 
 def _piece(start, end, part, chunk, width):
     """Piece ``part`` of a row's columns [start, end), pieces of ``chunk`` columns counted from
     ``start`` rounded down to 16: ``(first, lo, hi, load_end)``. The piece reads columns ``first + i``
-    (``i < chunk``) below ``load_end`` (``end`` rounded up to 16, at most the logits' ``width``) and
-    keeps those in [lo, hi). Where ``chunk`` and ``width`` are multiples of 16 (Triton specializes
-    that), ``first`` and ``load_end`` are too, so each load's mask is constant over groups of 16
+    (``i < chunk``) below ``load_end`` (``end`` rounded up to 16, at most ``width``, the load bound:
+    ``load_bound``) and keeps those in [lo, hi). Where ``chunk`` and ``width`` are multiples of 16
+    (Triton specializes that), ``first`` and ``load_end`` are too, so each load's mask is constant over groups of 16
     columns and Triton issues 16-byte vector loads; a mask ending at ``end`` itself compiles to one
     4-byte load per key."""
     first = start // 16 * 16 + part * chunk
@@ -146,10 +146,10 @@ def _select_streamed(src, stride_c, cand_row, first, lo, hi, load_end, k, base, 
 
 
 # The row bounds are scalar loads: their addresses' alignment is not specialized. The integers are:
-# Triton's divisibility-by-16 of the row pitch (``stride_r``) and of the width (``_piece``) lets a
-# program load its row in 16-byte vectors (docs/perf/README.md); the piece length and the candidate
-# pitch are multiples of 16 by construction (``_split``, ``_round16``), and a contiguous row's pitch
-# is its width, so only the row pitch adds a variant (``pitch_class``).
+# Triton's divisibility-by-16 of the row pitch (``stride_r``) and of the load bound (``_piece``) lets
+# a program load its row in 16-byte vectors (docs/perf/README.md); the piece length and the candidate
+# pitch are multiples of 16 by construction (``_split``, ``_round16``), and the load bound takes the
+# row pitch's class (``load_bound``), so only the row pitch adds a variant (``pitch_class``).
 @triton.jit(do_not_specialize=["n_cand"], do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
 def _indexer_topk_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1,
                          next_n, cand_ptr, cand_stride,
@@ -288,10 +288,11 @@ def _by_threshold(target: Target, rows: tuple, mode: int, k: int, out, sms: int)
     pieces = max(1, min(triton.cdiv(tune.topk_filter_programs * sms, R), triton.cdiv(W, tune.topk_filter_block)))
     keys_per_thread = tune.topk_keys_per_thread
     pdl = target.pdl
-    _threshold_kernel[(R,)](*rows, state, W, MODE=mode, CAP=cap, SAMPLE=sample, RUN=min(32, sample),
+    bound = load_bound(logits)
+    _threshold_kernel[(R,)](*rows, state, bound, MODE=mode, CAP=cap, SAMPLE=sample, RUN=min(32, sample),
                             SLACK=tune.topk_sample_slack, PDL=pdl,
                             num_warps=resident_warps(sample, keys_per_thread, lanes))
-    _filter_kernel[(R, pieces)](*rows, state, cand, _round16(triton.cdiv(W, pieces)), W, MODE=mode, CAP=cap,
+    _filter_kernel[(R, pieces)](*rows, state, cand, _round16(triton.cdiv(W, pieces)), bound, MODE=mode, CAP=cap,
                                 BLOCK=tune.topk_filter_block, PDL=pdl, num_warps=tune.topk_filter_warps,
                                 **pdl_launch(pdl))
     _collect_kernel[(R,)](*rows, state, cand, out, k, k, MODE=mode, CAP=cap, PDL=pdl,
@@ -335,6 +336,21 @@ def pitch_class(stride: int) -> int:
     return 1 if stride == 1 else 16 if stride % 16 == 0 else 0
 
 
+def load_bound(logits: torch.Tensor) -> int:
+    """The column the kernels load below (``_piece``'s ``width``): the logits' width W, or, where
+    W's class (``pitch_class``) differs from the row pitch's, W raised to the pitch's class (to a
+    multiple of 16, or by one) when the tensor's storage holds those columns of every row. Triton
+    specializes both integers, so a strided call compiles the variant a contiguous call of its row
+    pitch compiles (the one warm-up reaches); the columns past W are read, never kept."""
+    R, W = logits.shape
+    pitch = pitch_class(logits.stride(0))
+    if pitch in (1, pitch_class(W)):
+        return W
+    bound = _round16(W) if pitch == 16 else W + 1
+    last = logits.storage_offset() + (R - 1) * logits.stride(0) + (bound - 1) * logits.stride(1)
+    return bound if last * logits.element_size() < logits.untyped_storage().nbytes() else W
+
+
 def launch_variants(R: int, W: int, k: int, tune, lanes: int, sms: int) -> tuple[tuple, ...]:
     """The compile-time choices of a call with R contiguous rows of width W: (GATHER, LOCAL,
     RESIDENT, BLOCK, warps, row pitch class) per launch (one launch, or the pieces' and the
@@ -354,7 +370,7 @@ def _launch(rows, mode, tune, lanes, k, grid, cand, cand_stride, n_cand, out, ou
             local):
     """One launch whose programs each select among ``span`` positions (``launch_variant``)."""
     resident, block, warps = launch_variant(span, tune, lanes)
-    _indexer_topk_kernel[grid](*rows, cand, cand_stride, n_cand, out, out_stride, k, chunk, rows[0].shape[1],
+    _indexer_topk_kernel[grid](*rows, cand, cand_stride, n_cand, out, out_stride, k, chunk, load_bound(rows[0]),
                                MODE=mode, GATHER=gather,
                                LOCAL=local, BLOCK=block, RESIDENT=resident, num_warps=warps)
 

@@ -86,6 +86,33 @@ def test_search_returns_a_threshold_that_selects_k_within_the_slack(rows, slack)
         assert at_or_above >= want
 
 
+@needs_triton
+def test_load_bound_takes_the_row_pitch_class():
+    """``load_bound``: W where W and the row pitch share Triton's class; W raised to the pitch's
+    class where the storage holds the columns (a view of padded rows); W where it does not."""
+    from dsv4ops.backends.triton.indexer_topk import load_bound, pitch_class
+    assert load_bound(torch.empty(3, 100)) == 100
+    padded = torch.empty(3, 128)[:, :100]
+    assert load_bound(padded) == 112 == -(-100 // 16) * 16
+    assert pitch_class(load_bound(padded)) == pitch_class(padded.stride(0))
+    assert load_bound(torch.empty(3, 101)[:, :96]) == 97                    # pitch 101: neither class
+    assert load_bound(torch.empty(2 * 128 + 100).as_strided((3, 100), (128, 1))) == 100   # storage ends at W
+
+
+@needs_triton
+@pytest.mark.parametrize("W", [100, 300], ids=["resident", "threshold"])
+@pytest.mark.parametrize("mode", ["ranges", "decode2d"])
+def test_padded_rows_never_keep_the_padding(W, mode):
+    """Logits as a view of rows padded to a multiple of 16, +inf in the padding (read by the 16-byte
+    loads up to ``load_bound``, never kept): the Triton selection equals the reference's."""
+    kw = build_inputs("indexer_topk", "cpu", G(), R=6, W=W, k=16, mode=mode, next_n=2)
+    padded = torch.full((6, W + 28), float("inf"))
+    padded[:, :W] = kw["logits"]
+    want = dsv4ops.indexer_topk(**kw, backend="reference")
+    got = dsv4ops.indexer_topk(**{**kw, "logits": padded[:, :W]}, backend="triton")
+    assert torch.equal(got.sort(dim=1).values, want.sort(dim=1).values)
+
+
 # --- the reference against loops -------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", ["ranges", "decode1d", "decode2d"])
