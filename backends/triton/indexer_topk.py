@@ -53,16 +53,22 @@ def _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, 
 
 
 @triton.jit
+def _load_end(end, width):
+    """The column a row ending at ``end`` is loaded below: ``end`` rounded up to 16, at most ``width``
+    (``load_bound``), so that masks ending there are constant over 16-column groups."""
+    return tl.minimum((end + 15) // 16 * 16, width)
+
+
+@triton.jit
 def _piece(start, end, part, chunk, width):
     """Piece ``part`` of a row's columns [start, end), pieces of ``chunk`` columns counted from
     ``start`` rounded down to 16: ``(first, lo, hi, load_end)``. The piece reads columns ``first + i``
-    (``i < chunk``) below ``load_end`` (``end`` rounded up to 16, at most ``width``, the load bound:
-    ``load_bound``) and keeps those in [lo, hi). Where ``chunk`` and ``width`` are multiples of 16
-    (Triton specializes that), ``first`` and ``load_end`` are too, so each load's mask is constant over groups of 16
-    columns and Triton issues 16-byte vector loads; a mask ending at ``end`` itself compiles to one
-    4-byte load per key."""
+    (``i < chunk``) below ``load_end`` (``_load_end``, within the piece) and keeps those in [lo, hi).
+    Where ``chunk`` and ``width`` are multiples of 16 (Triton specializes that), ``first`` and
+    ``load_end`` are too, so each load's mask is constant over groups of 16 columns and Triton issues
+    16-byte vector loads; a mask ending at ``end`` itself compiles to one 4-byte load per key."""
     first = start // 16 * 16 + part * chunk
-    load_end = tl.minimum(first + chunk, tl.minimum((end + 15) // 16 * 16, width))
+    load_end = tl.minimum(first + chunk, _load_end(end, width))
     return first, tl.maximum(start, first), tl.minimum(end, first + chunk), load_end
 
 
@@ -189,8 +195,8 @@ def _threshold_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens
     tau = tl.full((), 1, tl.uint32)
     if n > CAP:
         col, live = sample_columns(start, n, SAMPLE, RUN)
-        load_end = tl.minimum((end + 15) // 16 * 16, width)          # as in _piece: 16-column groups
-        x = tl.load(logits_ptr + row * stride_r + col.to(tl.int64) * stride_c, mask=col < load_end, other=0.0)
+        x = tl.load(logits_ptr + row * stride_r + col.to(tl.int64) * stride_c, mask=col < _load_end(end, width),
+                    other=0.0)
         tau = sample_threshold(live_key(sort_key(x), live), n, CAP, SLACK)
     store_state(state_ptr, tl.num_programs(0), row, tau)
 
@@ -256,10 +262,11 @@ def indexer_topk(target: Target, a):
         strides = (a.seq_lens.stride(0), a.seq_lens.stride(1) if two_d else 0)
     rows = (a.logits, a.logits.stride(0), a.logits.stride(1), starts, ends, lens, *strides, next_n)
     sms = multiprocessors(a.logits.device)
+    bound = load_bound(a.logits)
     if by_threshold(W, a.k, tune):
-        return _by_threshold(target, rows, mode, a.k, out, sms)
+        return _by_threshold(target, rows, bound, mode, a.k, out, sms)
     pieces, piece = _split(R, W, a.k, tune, sms)
-    launch = functools.partial(_launch, rows, mode, tune, target.warp_lanes, a.k)
+    launch = functools.partial(_launch, rows, bound, mode, tune, target.warp_lanes, a.k)
     if pieces == 1:                              # one program per row (its one piece: the whole row)
         launch((R, 1), out, 0, 0, out, a.k, _round16(W), W, gather=False, local=True)
         return out
@@ -277,7 +284,7 @@ def by_threshold(W: int, k: int, tune) -> bool:
     return W >= tune.topk_threshold_min and W > cap and threshold_topk.fits(k)
 
 
-def _by_threshold(target: Target, rows: tuple, mode: int, k: int, out, sms: int):
+def _by_threshold(target: Target, rows: tuple, bound: int, mode: int, k: int, out, sms: int):
     """Sample, filter, collect (threshold_topk.py) into ``out``."""
     tune, lanes = target.tuning, target.warp_lanes
     logits = rows[0]
@@ -288,7 +295,6 @@ def _by_threshold(target: Target, rows: tuple, mode: int, k: int, out, sms: int)
     pieces = max(1, min(triton.cdiv(tune.topk_filter_programs * sms, R), triton.cdiv(W, tune.topk_filter_block)))
     keys_per_thread = tune.topk_keys_per_thread
     pdl = target.pdl
-    bound = load_bound(logits)
     _threshold_kernel[(R,)](*rows, state, bound, MODE=mode, CAP=cap, SAMPLE=sample, RUN=min(32, sample),
                             SLACK=tune.topk_sample_slack, PDL=pdl,
                             num_warps=resident_warps(sample, keys_per_thread, lanes))
@@ -366,11 +372,11 @@ def launch_variants(R: int, W: int, k: int, tune, lanes: int, sms: int) -> tuple
             (True, True, *launch_variant(pieces * k, tune, lanes), pitch))
 
 
-def _launch(rows, mode, tune, lanes, k, grid, cand, cand_stride, n_cand, out, out_stride, chunk, span, *, gather,
+def _launch(rows, bound, mode, tune, lanes, k, grid, cand, cand_stride, n_cand, out, out_stride, chunk, span, *, gather,
             local):
     """One launch whose programs each select among ``span`` positions (``launch_variant``)."""
     resident, block, warps = launch_variant(span, tune, lanes)
-    _indexer_topk_kernel[grid](*rows, cand, cand_stride, n_cand, out, out_stride, k, chunk, load_bound(rows[0]),
+    _indexer_topk_kernel[grid](*rows, cand, cand_stride, n_cand, out, out_stride, k, chunk, bound,
                                MODE=mode, GATHER=gather,
                                LOCAL=local, BLOCK=block, RESIDENT=resident, num_warps=warps)
 
