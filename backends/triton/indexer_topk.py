@@ -32,7 +32,8 @@ from dsv4ops.platform import multiprocessors
 from . import threshold_topk
 from .common import let_dependents_launch, pdl_launch, wait_for_prior_grid
 from .kth import kth_largest, live_key, pad, resident_warps, selection_slots, sort_key
-from .threshold_topk import append_at_least, collect, collected, load_tau, sample_columns, sample_threshold, store_state
+from .threshold_topk import (append_at_least, collect, collected, count_pointer, filter_columns, load_tau, sample_columns,
+                             sample_threshold, store_state)
 from .tuning import Target
 
 
@@ -198,35 +199,30 @@ def _threshold_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens
         x = tl.load(logits_ptr + row * stride_r + col.to(tl.int64) * stride_c, mask=col < _load_end(end, width),
                     other=0.0)
         tau = sample_threshold(live_key(sort_key(x), live), n, CAP, SLACK)
-    store_state(state_ptr, tl.num_programs(0), row, tau)
+    store_state(state_ptr, row, tau)
 
 
 @triton.jit(do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
 def _filter_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n,
                    state_ptr, cand_ptr, chunk, width, MODE: tl.constexpr, CAP: tl.constexpr,
-                   BLOCK: tl.constexpr, PDL: tl.constexpr):
+                   BLOCK: tl.constexpr, LANES: tl.constexpr, WARPS: tl.constexpr, PDL: tl.constexpr):
     let_dependents_launch(PDL)
     row = tl.program_id(0).to(tl.int64)
     start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
-    if MODE == 0:                                # rows from anywhere: pieces from the row start (measured
-                                                 # faster there than 16-byte loads, docs/perf/README.md)
-        first = start + tl.program_id(1) * chunk
-        lo, hi = first, tl.minimum(end, first + chunk)
-        load_end = hi
-    else:                                        # decode rows start at 0: 16-byte loads (_piece)
-        first, lo, hi, load_end = _piece(start, end, tl.program_id(1), chunk, width)
+    first, lo, hi, load_end = _piece(start, end, tl.program_id(1), chunk, width)
     src = logits_ptr + row * stride_r
-    c = first + tl.arange(0, BLOCK)              # each block's keys are loaded one block ahead
-    x = tl.load(src + c.to(tl.int64) * stride_c, mask=c < load_end, other=0.0)
+    columns = filter_columns(LANES, WARPS, BLOCK // (LANES * WARPS))
+    x = tl.load(src + (first + columns).to(tl.int64) * stride_c, mask=first + columns < load_end, other=0.0)
     wait_for_prior_grid(PDL)
     tau = load_tau(state_ptr, row)
     cand = cand_ptr + row * (2 * CAP)
-    count_ptr = state_ptr + tl.num_programs(0) + row
-    for _ in range(first, hi, BLOCK):
+    count_ptr = count_pointer(state_ptr, row)
+    for block_first in range(first, hi, BLOCK):  # each block's keys are loaded one block ahead
+        c = block_first + columns
         following = c + BLOCK
         x_following = tl.load(src + following.to(tl.int64) * stride_c, mask=following < load_end, other=0.0)
-        append_at_least(cand, count_ptr, live_key(sort_key(x), (c >= lo) & (c < hi)), c, tau, CAP)
-        c, x = following, x_following
+        append_at_least(cand, count_ptr, live_key(sort_key(x), (c >= lo) & (c < hi)), block_first, tau, CAP)
+        x = x_following
 
 
 @triton.jit(do_not_specialize_on_alignment=["starts_ptr", "ends_ptr", "lens_ptr"])
@@ -236,7 +232,7 @@ def _collect_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_p
     row = tl.program_id(0).to(tl.int64)
     start, end = _row_range(row, starts_ptr, ends_ptr, lens_ptr, stride_0, stride_1, next_n, MODE)
     wait_for_prior_grid(PDL)
-    count, complete = collected(state_ptr, tl.num_programs(0), row, tl.minimum(k, end - start), CAP)
+    count, complete = collected(state_ptr, row, tl.minimum(k, end - start), CAP)
     dst = out_ptr + row * out_stride
     if complete:
         want = collect(cand_ptr + row * (2 * CAP), count, k, start, dst, CAP)
@@ -299,7 +295,8 @@ def _by_threshold(target: Target, rows: tuple, bound: int, mode: int, k: int, ou
                             SLACK=tune.topk_sample_slack, PDL=pdl,
                             num_warps=resident_warps(sample, keys_per_thread, lanes))
     _filter_kernel[(R, pieces)](*rows, state, cand, _round16(triton.cdiv(W, pieces)), bound, MODE=mode, CAP=cap,
-                                BLOCK=tune.topk_filter_block, PDL=pdl, num_warps=tune.topk_filter_warps,
+                                BLOCK=max(tune.topk_filter_block, lanes * tune.topk_filter_warps), LANES=lanes,
+                                WARPS=tune.topk_filter_warps, PDL=pdl, num_warps=tune.topk_filter_warps,
                                 **pdl_launch(pdl))
     _collect_kernel[(R,)](*rows, state, cand, out, k, k, MODE=mode, CAP=cap, PDL=pdl,
                           num_warps=resident_warps(cap, keys_per_thread, lanes), **pdl_launch(pdl))

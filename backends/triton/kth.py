@@ -32,55 +32,60 @@ def kth_largest_within(key, k, slack):
     """As ``kth_largest``, but the search may end on a live key with up to ``want + slack`` live keys
     at or above it (an estimate's rank, fewer steps).
 
-    A bracketed search: ``lo`` is a live key with at least ``want`` keys at or above it, ``hi`` a
-    bound with fewer. Each step counts the keys at or above a trial point (one block reduction) and
-    moves one end onto it. The trial is interpolated from the two ends' counts (false position), then
-    clamped so that the bracket at least halves against a budget that starts at 2^33: never more than
-    33 steps. When the same end has moved twice in a row (the interpolation stalls, as on runs of
-    equal keys), the next step's reduction also returns the nearest live keys on either side of the
-    trial point, so that end lands on a live key (and the other end's weight halves, Illinois-style):
-    a bracket holding one key value then ends the search. About 5-15 steps on logit-like rows,
-    bf16-rounded or with few distinct values included, against 32 for a bit-by-bit bisection. It ends
-    when ``lo`` has ``want`` to ``want + slack`` keys at or above it or the bracket holds one key value.
+    A bracketed search: ``lo`` is a live key with at least ``want`` keys at or above it, ``top`` a
+    key with fewer above it (``hi = top + 1`` bounds the answer). Each step counts the keys at or above
+    a trial point (one block reduction) and moves one end onto it. The trial is interpolated from the
+    two ends' counts (false position), then clamped so that the bracket at least halves against a
+    budget that starts at 2^32: never more than 33 steps. When the same end has moved twice in a row
+    (the interpolation stalls, as on runs of equal keys), the next step's reduction also returns the
+    nearest live keys on either side of the trial point, so that end lands on a live key (and the
+    other end's weight halves, Illinois-style): a bracket holding one key value then ends the search.
+    About 5-15 steps on logit-like rows, bf16-rounded or with few distinct values included, against 32
+    for a bit-by-bit bisection. It ends when ``lo`` has ``want`` to ``want + slack`` keys at or above
+    it or the bracket holds one key value.
+
+    The bracket is uint32 (the search's serial arithmetic between reductions, kept to 32 bits): live
+    keys are at least 1, so its width ``top - lo + 1`` fits.
     """
     live = key > 0
-    live_count, lo, hi = tl.reduce((live.to(tl.int32), tl.where(live, key, 0xFFFFFFFF), key), 0,
-                                   _count_and_neighbours)        # one reduction: count, min, max
+    live_count, lo, top = tl.reduce((live.to(tl.int32), tl.where(live, key, 0xFFFFFFFF), key), 0,
+                                    _count_and_neighbours)        # one reduction: count, min, max
     want = tl.minimum(live_count, k)
-    lo = lo.to(tl.int64)
-    hi = hi.to(tl.int64) + 1
     over_lo = live_count - want                                               # count(>= lo) - want
     excess_lo = over_lo.to(tl.float32)           # the interpolation's weights: the ends' excess, halved when stalled
-    excess_hi = -want.to(tl.float32)                                          # count(>= hi) - want
-    budget = tl.full((), 1 << 33, tl.int64)
+    excess_hi = -want.to(tl.float32)                                          # count(> top) - want
+    budget = tl.full((), 0xFFFFFFFF, tl.uint32)  # the bracket's largest allowed width - 1, halved per step
     kept = 0                                     # end moved by the last step: 1 lo, -1 hi
     stalled = False                              # the last two steps moved the same end
-    while (want > 0) & (hi - lo > 1) & (over_lo > slack):
-        budget = budget // 2
-        step = ((hi - lo).to(tl.float32) * (excess_lo / (excess_lo - excess_hi))).to(tl.int64)
-        trial = tl.minimum(tl.maximum(lo + step, tl.maximum(lo + 1, hi - budget)), tl.minimum(hi - 1, lo + budget))
-        at_or_above = key >= trial.to(tl.uint32)           # trial >= 2: dead keys never count
+    while (want > 0) & (top > lo) & (over_lo > slack):
+        width = top - lo                         # trial = lo + offset, offset in [1, width]
+        step = tl.minimum((width + 1).to(tl.float32) * (excess_lo / (excess_lo - excess_hi)), 4294967040.0)
+        least = tl.maximum(width - tl.minimum(width, budget), 1)     # the bracket's far end within budget
+        offset = tl.minimum(tl.maximum(step.to(tl.uint32), least), tl.minimum(width - 1, budget) + 1)
+        trial = lo + offset
+        at_or_above = key >= trial                          # trial >= 2: dead keys never count
         if stalled:                              # also the nearest live keys: no key in [trial, up) or (down, trial)
             count, up, down = tl.reduce((at_or_above.to(tl.int32), tl.where(at_or_above, key, 0xFFFFFFFF),
                                          tl.where(at_or_above, 0, key)), 0, _count_and_neighbours)
         else:
             count = tl.sum(at_or_above.to(tl.int32), axis=0)
-            up = trial.to(tl.uint32)
-            down = (trial - 1).to(tl.uint32)
+            up = trial
+            down = trial - 1
         excess = (count - want).to(tl.float32)
         if excess >= 0:                          # count(>= up) = count
-            lo = up.to(tl.int64)
+            lo = up
             over_lo = count - want
             excess_lo = excess
             stalled = kept == 1
             excess_hi = tl.where(stalled, excess_hi * 0.5, excess_hi)
             kept = 1
-        else:                                    # count(>= down + 1) = count
-            hi = down.to(tl.int64) + 1
+        else:                                    # count(> down) = count
+            top = down
             excess_hi = excess
             stalled = kept == -1
             excess_lo = tl.where(stalled, excess_lo * 0.5, excess_lo)
             kept = -1
+        budget = budget >> 1
     return tl.where(want > 0, lo, 0xFFFFFFFF).to(tl.uint32), want
 
 

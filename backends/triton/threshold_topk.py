@@ -8,8 +8,8 @@ Three kernels per call, each over every row:
    SLACK)`` of the row's live keys are expected (``sample_threshold``); 1, every live key, when the
    row has at most ``CAP``. The row's candidate count is zeroed.
 2. **filter**: programs over the row's keys append every live key ``>= tau``, with its column, to
-   the row's ``CAP`` candidate slots, reserving positions with one atomic add per block
-   (``append_at_least``). Every key is read once; nothing else is written.
+   the row's ``CAP`` candidate slots, each warp reserving its positions with one atomic add per
+   block (``append_at_least``). Every key is read once; nothing else is written.
 3. **collect**: when the count is in ``[want, CAP]`` (``want = min(k, live keys)``) every key of
    the row's top ``want`` is ``>= tau`` and all of them were kept, so the top ``k`` of the
    candidates is the row's (``collect``). Otherwise the sample misjudged the row (thousands of
@@ -17,8 +17,10 @@ Three kernels per call, each over every row:
    exactly from the row itself, slowly but correctly.
 
 Workspace, per call: int32 ``[rows, 2, CAP]`` candidates (order-preserving uint32 keys, then
-columns) and int32 ``[2, rows]`` (``tau``, count): ``rows * (2 * CAP + 2) * 4`` bytes, independent
-of the row length. ``CAP`` is ``4 * k`` rounded up to a power of two (``capacity``): with a 2048-key
+columns) and int32 ``[rows, STATE]`` (``tau``, count, then padding: each row's count, which every
+filter warp's atomic adds hit, on its own 128-byte line; counts sharing a line serialize the adds of
+many rows in one L2 slice): ``rows * (2 * CAP + STATE) * 4`` bytes, independent of the row length.
+``CAP`` is ``4 * k`` rounded up to a power of two (``capacity``): with a 2048-key
 sample of a 32768-key row and ``k = 512`` the expected count is 1024 to 1280 (``SLACK`` 4) with a
 standard deviation about 128, four deviations from either end.
 
@@ -35,6 +37,7 @@ import triton.language as tl
 from .kth import kth_largest, kth_largest_within, selection_slots
 
 MAX_CAP = 32768             # candidate slots a collect program selects from in registers (16-bit slot counts)
+STATE = tl.constexpr(32)    # int32 per row of the state: tau, count, padding to 128 bytes
 SAMPLED_RANK = 64           # the sample's rank of tau at the widest row: the count deviates about 1/8 (4 deviations to either end)
 
 
@@ -56,14 +59,14 @@ def sample_size(tune, width: int, cap: int) -> int:
 
 
 def workspace(rows: int, cap: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(candidates int32 ``[rows, 2, cap]``, state int32 ``[2, rows]``: tau, count), uninitialised
-    (the threshold kernel writes the state before the filter reads it)."""
+    """(candidates int32 ``[rows, 2, cap]``, state int32 ``[rows, STATE]``: tau, count, padding),
+    uninitialised (the threshold kernel writes the state before the filter reads it)."""
     return (torch.empty(rows, 2, cap, dtype=torch.int32, device=device),
-            torch.empty(2, rows, dtype=torch.int32, device=device))
+            torch.empty(rows, STATE.value, dtype=torch.int32, device=device))
 
 
 def workspace_bytes(rows: int, cap: int) -> int:
-    return rows * (2 * cap + 2) * 4
+    return rows * (2 * cap + STATE.value) * 4
 
 
 @triton.jit
@@ -90,39 +93,86 @@ def sample_threshold(key, n, CAP: tl.constexpr, SLACK: tl.constexpr):
 
 
 @triton.jit
-def store_state(state_ptr, rows, row, tau):
+def store_state(state_ptr, row, tau):
     """The row's ``tau`` and a zero count."""
-    tl.store(state_ptr + row, tau.to(tl.int32, bitcast=True))
-    tl.store(state_ptr + rows + row, 0)
+    tl.store(state_ptr + row * STATE, tau.to(tl.int32, bitcast=True))
+    tl.store(count_pointer(state_ptr, row), 0)
 
 
 @triton.jit
 def load_tau(state_ptr, row):
-    return tl.load(state_ptr + row).to(tl.uint32, bitcast=True)
+    return tl.load(state_ptr + row * STATE).to(tl.uint32, bitcast=True)
 
 
 @triton.jit
-def append_at_least(cand, count_ptr, key, col, tau, CAP: tl.constexpr):
-    """Appends the entries of a block (``key`` uint32 from ``live_key``, ``col`` int32) whose key is
-    at least ``tau`` (>= 1: dead keys never pass) to the row's candidates ``cand`` (keys, then the
-    columns ``CAP`` slots on). ``count_ptr`` counts every such entry, also those past ``CAP``.
-
-    The count's atomic add is relaxed: it only hands out distinct positions, and what the filter
-    stores is read by the next kernel, after the grid ends (or after its ``griddepcontrol.wait``).
-    The default (acq_rel) fences every block's add, waiting on the loads in flight."""
-    keep = key >= tau
-    n = tl.sum(keep.to(tl.int32), axis=0)
-    if n > 0:
-        pos = tl.atomic_add(count_ptr, n, sem="relaxed") + tl.cumsum(keep.to(tl.int32), axis=0) - 1
-        kept = keep & (pos < CAP)
-        tl.store(cand + pos, key.to(tl.int32, bitcast=True), mask=kept)
-        tl.store(cand + CAP + pos, col, mask=kept)
+def count_pointer(state_ptr, row):
+    """Where the row's candidate count is (``append_at_least``)."""
+    return state_ptr + row * STATE + 1
 
 
 @triton.jit
-def collected(state_ptr, rows, row, want, CAP: tl.constexpr):
+def filter_columns(LANES: tl.constexpr, WARPS: tl.constexpr, VEC: tl.constexpr):
+    """Column offsets of a filter block of ``LANES * WARPS * VEC`` keys: ``[LANES, WARPS, VEC // G, G]``
+    (``G`` = 4, or ``VEC`` if smaller), lane ``l`` of warp ``w`` holding the ``VEC`` consecutive
+    columns from ``_thread_first(l, w)``. Triton lays this shape out as it reads (4 keys per thread
+    along the last axis, then lanes, then warps), so one thread holds ``[l, w, :, :]``: loads of
+    ``G`` keys (16 bytes where the block starts at a multiple of 16 keys), and the sums and scans of
+    ``append_at_least`` stay within a thread or a warp."""
+    G: tl.constexpr = min(VEC, 4)
+    v = tl.arange(0, VEC // G)[None, None, :, None] * G + tl.arange(0, G)[None, None, None, :]
+    return _thread_first(LANES, WARPS, VEC)[:, :, None, None] + v
+
+
+@triton.jit
+def _thread_first(LANES: tl.constexpr, WARPS: tl.constexpr, VEC: tl.constexpr):
+    """``[LANES, WARPS]``: the first column of each thread's keys in a filter block."""
+    return (tl.arange(0, WARPS)[None, :] * LANES + tl.arange(0, LANES)[:, None]) * VEC
+
+
+@triton.jit
+def _register(x, r, g):
+    """``x[:, :, r, g]`` of a filter block: each thread's own value (no data moves)."""
+    at = (tl.arange(0, x.shape[2])[None, None, :, None] == r) & (tl.arange(0, x.shape[3])[None, None, None, :] == g)
+    return tl.sum(tl.sum(tl.where(at, x, 0), axis=3), axis=2)
+
+
+@triton.jit
+def append_at_least(cand, count_ptr, key, block_first, tau, CAP: tl.constexpr):
+    """Appends the entries of a filter block (``key`` uint32 from ``live_key``, over the columns
+    ``block_first + filter_columns``, of its shape) whose key is at least ``tau`` (>= 1: dead keys
+    never pass) to the row's candidates ``cand`` (keys, then the columns ``CAP`` slots on).
+    ``count_ptr`` (``count_pointer``) counts every such entry, also those past ``CAP``.
+
+    Each warp reserves its positions with one atomic add from its first lane and numbers its
+    entries with a scan over its lanes; each thread then stores its own keys in turn: nothing goes
+    through shared memory or waits on another warp. The add is relaxed: it only hands out distinct
+    positions, and what the filter stores is read by the next kernel, after the grid ends (or after
+    its ``griddepcontrol.wait``); the default (acq_rel) would fence every add, waiting on the loads
+    in flight."""
+    LANES: tl.constexpr = key.shape[0]
+    WARPS: tl.constexpr = key.shape[1]
+    R: tl.constexpr = key.shape[2]
+    G: tl.constexpr = key.shape[3]
+    keep = (key >= tau).to(tl.int32)
+    mine = tl.sum(tl.sum(keep, axis=3), axis=2)                               # [LANES, WARPS]
+    lane = tl.arange(0, LANES)[:, None] + mine * 0
+    warp_total = tl.sum(mine, axis=0)[None, :] + lane * 0
+    got = tl.atomic_add(count_ptr + lane * 0, warp_total, mask=(lane == 0) & (warp_total > 0), sem="relaxed")
+    at = tl.max(tl.where(lane == 0, got, 0), axis=0)[None, :] + tl.cumsum(mine, axis=0) - mine
+    column = block_first + _thread_first(LANES, WARPS, R * G)
+    for r in tl.static_range(R):
+        for g in tl.static_range(G):
+            kept = _register(keep, r, g)
+            stored = (kept > 0) & (at < CAP)
+            tl.store(cand + at, _register(key, r, g).to(tl.int32, bitcast=True), mask=stored)
+            tl.store(cand + CAP + at, column + r * G + g, mask=stored)
+            at += kept
+
+
+@triton.jit
+def collected(state_ptr, row, want, CAP: tl.constexpr):
     """(count, whether the candidates hold the row's top ``want``: ``want <= count <= CAP``)."""
-    count = tl.load(state_ptr + rows + row)
+    count = tl.load(count_pointer(state_ptr, row))
     return count, (count >= want) & (count <= CAP)
 
 

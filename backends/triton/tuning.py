@@ -46,7 +46,7 @@ class Tuning:
     topk_threshold_min: int = 16384  # rows at least this wide select through a sampled threshold (threshold_topk.py)
     topk_sample: int = 2048         # ... keys sampled per row for the threshold
     topk_sample_slack: int = 4      # ... its rank in the sample may exceed the aimed one by 1/this (a shorter search)
-    topk_filter_block: int = 1024   # ... keys per step of a filter program
+    topk_filter_block: int = 1024   # ... keys per step of a filter program (at least 4 per thread: 16-byte loads)
     topk_filter_warps: int = 4
     topk_filter_programs: int = 4   # ... filter programs per multiprocessor (sets the pieces a row is split into)
     fused_programs_per_sm: int = 4  # paged_mqa_topk / mqa_topk: stage-1 programs per multiprocessor (sets the pieces)
@@ -79,8 +79,8 @@ _TABLE = {
     # artifacts and numbers: docs/perf/README.md, "Triton defaults on sm90"). Decode and prefill:
     # 64 heads x 128 rows per step, the index list split only up to one wave; logits: 128 tokens per
     # program; top-k: rows of 16384 columns and more through the sampled threshold (samples as small
-    # as the sampled rank allows, from 1024 keys), its filter over 512-key blocks at 32 programs per
-    # SM; narrower rows select in registers, one program per row (no piece shorter than 8192
+    # as the sampled rank allows, from 1024 keys), its filter over 1024-key blocks at 64 programs per
+    # SM (measured on the H200); narrower rows select in registers, one program per row (no piece shorter than 8192
     # columns), streamed blocks of 8192 on 16 warps for a k too large for the threshold path;
     # insert: 4 heads per program on 2 warps; fp8_einsum through TMA descriptors; C128 compressor
     # pooled over 32 positions per step.
@@ -90,7 +90,7 @@ _TABLE = {
                              logits_block_t=128,
                              mqa_block_q=2, mqa_block_s=128, mqa_chunk_s=2048, mqa_warps=8, mqa_stages=3,
                              topk_block=8192, topk_warps=16, topk_resident=16384, topk_min_piece=8192,
-                             topk_sample=1024, topk_filter_block=512, topk_filter_programs=32,
+                             topk_sample=1024, topk_filter_block=1024, topk_filter_programs=64,
                              insert_heads=4, insert_warps=2, compress_chunk=32),
     ("cpu", None): Tuning(decode_block_h=16, decode_block_k=16, prefill_block_h=16, prefill_block_k=16,
                           topk_block=64, topk_resident=128, topk_min_piece=32, topk_threshold_min=256,

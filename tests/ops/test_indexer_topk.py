@@ -199,7 +199,7 @@ def test_threshold_path_collects_from_candidates_or_falls_back(monkeypatch, data
     assert verdict.ok, verdict.message
     (_, state), = made
     lengths = (kw["row_ends"] - kw["row_starts"]).tolist()
-    for count, n in zip(state[1].tolist(), lengths):
+    for count, n in zip(state[:, 1].tolist(), lengths):
         if n <= 256:
             assert count == n
         else:
