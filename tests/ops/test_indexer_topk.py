@@ -172,6 +172,22 @@ def test_topk_expanded_row_starts(backend):
 # --- the threshold path (threshold_topk.py) --------------------------------------------------
 
 @needs_triton
+@pytest.mark.parametrize("tuning", ["topk_filter_block=64", "topk_filter_block=256", "topk_filter_block=1024",
+                                    "topk_filter_block=256,topk_filter_warps=8"],
+                         ids=["1-key-per-thread", "2", "8-two-groups", "8-warps"])
+@pytest.mark.parametrize("mode,data", [("ranges", "ties"), ("decode2d", "random"), ("ranges", "heavy_tail")])
+def test_filter_blocks_of_every_shape_match_the_reference(env, tuning, mode, data):
+    """The threshold path's filter with 1, 2 and 8 keys per thread (8: two 4-key groups, as sm90's
+    1024-key blocks on 4 warps), a block smaller than one key per thread (raised to it) and 8 warps:
+    each warp's atomic add, lane scan and per-key stores keep every key at or above the threshold
+    exactly once (rows from anywhere, some empty, ties at the threshold)."""
+    env(DSV4OPS_TRITON_TUNING=tuning)
+    case = make_case("indexer_topk", R=4, W=1024, k=64, mode=mode, data=data, corner="empty")
+    result = run_case(case, "triton", "cpu", seed=11)
+    assert result.status == "pass", f"{result.message}\nrerun: {result.reproducer()}"
+
+
+@needs_triton
 @pytest.mark.parametrize("data,complete", [("random", True), ("heavy_tail", True), ("plateau", False)])
 def test_threshold_path_collects_from_candidates_or_falls_back(monkeypatch, data, complete):
     """Rows wider than the candidate slots: random rows end with a candidate count in [k, CAP]
