@@ -212,7 +212,8 @@ def _filter_kernel(logits_ptr, stride_r, stride_c, starts_ptr, ends_ptr, lens_pt
     first, lo, hi, load_end = _piece(start, end, tl.program_id(1), chunk, width)
     src = logits_ptr + row * stride_r
     columns = filter_columns(LANES, WARPS, BLOCK // (LANES * WARPS))
-    x = tl.load(src + (first + columns).to(tl.int64) * stride_c, mask=first + columns < load_end, other=0.0)
+    first_columns = first + columns              # not `c`: the loop's `c` may be int64
+    x = tl.load(src + first_columns.to(tl.int64) * stride_c, mask=first_columns < load_end, other=0.0)
     wait_for_prior_grid(PDL)
     tau = load_tau(state_ptr, row)
     cand = cand_ptr + row * (2 * CAP)

@@ -95,19 +95,25 @@ def sample_threshold(key, n, CAP: tl.constexpr, SLACK: tl.constexpr):
 @triton.jit
 def store_state(state_ptr, row, tau):
     """The row's ``tau`` and a zero count."""
-    tl.store(state_ptr + row * STATE, tau.to(tl.int32, bitcast=True))
+    tl.store(_tau_pointer(state_ptr, row), tau.to(tl.int32, bitcast=True))
     tl.store(count_pointer(state_ptr, row), 0)
 
 
 @triton.jit
 def load_tau(state_ptr, row):
-    return tl.load(state_ptr + row * STATE).to(tl.uint32, bitcast=True)
+    return tl.load(_tau_pointer(state_ptr, row)).to(tl.uint32, bitcast=True)
+
+
+@triton.jit
+def _tau_pointer(state_ptr, row):
+    """Where the row's ``tau`` is: the first int32 of its ``STATE``."""
+    return state_ptr + row * STATE
 
 
 @triton.jit
 def count_pointer(state_ptr, row):
-    """Where the row's candidate count is (``append_at_least``)."""
-    return state_ptr + row * STATE + 1
+    """Where the row's candidate count is (``append_at_least``): the second int32 of its ``STATE``."""
+    return _tau_pointer(state_ptr, row) + 1
 
 
 @triton.jit

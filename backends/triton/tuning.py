@@ -46,7 +46,7 @@ class Tuning:
     topk_threshold_min: int = 16384  # rows at least this wide select through a sampled threshold (threshold_topk.py)
     topk_sample: int = 2048         # ... keys sampled per row for the threshold
     topk_sample_slack: int = 4      # ... its rank in the sample may exceed the aimed one by 1/this (a shorter search)
-    topk_filter_block: int = 1024   # ... keys per step of a filter program (at least 4 per thread: 16-byte loads)
+    topk_filter_block: int = 1024   # ... keys per step of a filter program (at least one per thread; 4+ load 16 bytes)
     topk_filter_warps: int = 4
     topk_filter_programs: int = 4   # ... filter programs per multiprocessor (sets the pieces a row is split into)
     fused_programs_per_sm: int = 4  # paged_mqa_topk / mqa_topk: stage-1 programs per multiprocessor (sets the pieces)
@@ -80,10 +80,10 @@ _TABLE = {
     # 64 heads x 128 rows per step, the index list split only up to one wave; logits: 128 tokens per
     # program; top-k: rows of 16384 columns and more through the sampled threshold (samples as small
     # as the sampled rank allows, from 1024 keys), its filter over 1024-key blocks at 64 programs per
-    # SM (measured on the H200); narrower rows select in registers, one program per row (no piece shorter than 8192
-    # columns), streamed blocks of 8192 on 16 warps for a k too large for the threshold path;
-    # insert: 4 heads per program on 2 warps; fp8_einsum through TMA descriptors; C128 compressor
-    # pooled over 32 positions per step.
+    # SM (measured on the H200); narrower rows select in registers, one program per row (no piece
+    # shorter than 8192 columns), streamed blocks of 8192 on 16 warps for a k too large for the
+    # threshold path; insert: 4 heads per program on 2 warps; fp8_einsum through TMA descriptors;
+    # C128 compressor pooled over 32 positions per step.
     ("cuda", "sm90"): Tuning(decode_block_h=64, decode_block_k=128, decode_warps=8, decode_waves=1,
                              prefill_block_h=64, prefill_block_k=128, prefill_warps=8, prefill_stages=1,
                              einsum_block_m=64, einsum_block_n=128, einsum_stages=4, einsum_tma=1,
