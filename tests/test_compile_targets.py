@@ -95,3 +95,23 @@ def test_topk_rows_load_in_16_byte_vectors(tmp_path):
         codes = [path.read_text() for path in tmp_path.glob(f"{kernel}.*.s")]
         assert codes, f"no {kernel} variant compiled"
         assert any("ld.global.v4.b32" in code for code in codes), f"no {kernel} variant loads 16-byte vectors"
+
+
+@pytest.mark.slow
+def test_decode_warpgroups_split_the_scores(tmp_path):
+    """sm90, 64 heads per program on 8 warps: the two warpgroups split each step's score product
+    ``[64, 512] x [512, rows]`` (each issues wgmma of ``rows / 2`` columns over the 32 slices of 16 of
+    the 512), rather than each computing all of it, which is how Triton lays out a product whose result
+    feeds another product (sparse_mla_decode._attend_block computes the scores in a branch of their own
+    to avoid that). Per step, the output product issues ``rows / 16`` m64n256k16."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DSV4OPS_TRITON_TUNING")}
+    run = subprocess.run([sys.executable, str(SCRIPT), "cuda:sm90", "--ops", "sparse_mla_decode", "--asm",
+                          str(tmp_path)], capture_output=True, text=True, env=env, timeout=1200)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    codes = [path.read_text() for path in tmp_path.glob("_decode_kernel.*.s")]
+    assert codes, "no _decode_kernel variant compiled"
+    for code in codes:
+        shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", code)
+        output = shapes.count("256")
+        score_columns = sum(int(n) for n in shapes if n != "256")
+        assert output and score_columns == 32 * 8 * output, (output, score_columns)

@@ -100,7 +100,14 @@ def _attend_block(q, m, l, acc, t, idx_ptr, idx_s0, idx_s1, length, topk, cache_
     slots = tl.load(idx_ptr + t * idx_s0 + j.to(tl.int64) * idx_s1, mask=j < topk, other=-1)
     valid = (slots != -1) & (j < length)
     k = _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT, INLINE, FNUZ, BLOCK_K, FP8_SOFT)
-    s = tl.dot(q, tl.trans(k)) * qk_scale
+    # The score product sits in a branch of its own. Triton gives a product whose result feeds another
+    # product all warps along its rows, so with 64 heads on 8 warps both warpgroups would compute every
+    # score; a result that leaves through a branch is not seen as feeding one, and the two warpgroups
+    # split the block's rows (tests/test_compile_targets.py checks the compiled products).
+    if b * BLOCK_K < length:
+        s = tl.dot(q, tl.trans(k)) * qk_scale
+    else:                                  # no row of the block is within the length
+        s = tl.full((q.shape[0], BLOCK_K), float("-inf"), tl.float32)
     s = tl.where(valid[None, :], s, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, axis=1))
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
