@@ -40,7 +40,9 @@ def _load_rows(cache_ptr, slots, valid, block_size, page_bytes, LAYOUT: tl.const
         page = cache_ptr + block * page_bytes
         tile = tl.arange(0, 8)
         col = tl.arange(0, 64)
-        data = (page + off * 576)[:, None, None] + tile[None, :, None] * 64 + col[None, None, :]
+        # 8-byte pieces of the fp8 tiles: the RoPE tile's 16-byte loads (8 bf16) then land in the
+        # layout of the rows, with no exchange through shared memory (16-byte pieces need one).
+        data = (page + off * 576)[:, None, None] + tile[None, :, None] * 64 + tl.max_contiguous(col, 8)[None, None, :]
         nope = (tile < 7)[None, :, None]
         raw = tl.load(data, mask=ok[:, :, None] & nope, other=0)
         fp8: tl.constexpr = tl.float8e4b8 if FNUZ else tl.float8e4nv
