@@ -81,19 +81,30 @@ def test_every_kernel_compiles_for(compiled, target):
     assert software == (served & WITH_SOFTWARE_PATH if target in SOFTWARE_FP8 else set()), paths
 
 
+def compile_sm90(asm_dir: Path, op: str, *options: str):
+    """Compile ``op``'s conformance cases for sm90 with the defaults' tiles, PTX into ``asm_dir``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DSV4OPS_TRITON_TUNING")}
+    run = subprocess.run([sys.executable, str(SCRIPT), "cuda:sm90", "--ops", op, *options, "--asm", str(asm_dir)],
+                         capture_output=True, text=True, env=env, timeout=1200)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+
+
+def compiled_variants(asm_dir: Path, kernel: str) -> list[str]:
+    """The PTX of each compiled variant of ``kernel`` (at least one)."""
+    codes = [path.read_text() for path in asm_dir.glob(f"{kernel}.*.s")]
+    assert codes, f"no {kernel} variant compiled"
+    return codes
+
+
 @pytest.mark.slow
 def test_topk_rows_load_in_16_byte_vectors(tmp_path):
     """At the production shapes (indexer_topk's full tier, compiled for sm90) the one-program top-k
     selection, the threshold path's sample and its filter read the logits in 16-byte vectors
     (``indexer_topk._piece``, ``threshold_topk.sample_columns``: load masks constant over 16
     columns); a mask ending at the row's own end compiles to one 4-byte load per key."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DSV4OPS_TRITON_TUNING")}
-    run = subprocess.run([sys.executable, str(SCRIPT), "cuda:sm90", "--ops", "indexer_topk", "--tier", "full", "--asm",
-                          str(tmp_path)], capture_output=True, text=True, env=env, timeout=1200)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    compile_sm90(tmp_path, "indexer_topk", "--tier", "full")
     for kernel in ("_indexer_topk_kernel", "_threshold_kernel", "_filter_kernel"):
-        codes = [path.read_text() for path in tmp_path.glob(f"{kernel}.*.s")]
-        assert codes, f"no {kernel} variant compiled"
+        codes = compiled_variants(tmp_path, kernel)
         assert any("ld.global.v4.b32" in code for code in codes), f"no {kernel} variant loads 16-byte vectors"
 
 
@@ -104,13 +115,8 @@ def test_decode_warpgroups_split_the_scores(tmp_path):
     the 512), rather than each computing all of it, which is how Triton lays out a product whose result
     feeds another product (sparse_mla_decode._attend_block computes the scores in a branch of their own
     to avoid that). Per step, the output product issues ``rows / 16`` m64n256k16."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "DSV4OPS_TRITON_TUNING")}
-    run = subprocess.run([sys.executable, str(SCRIPT), "cuda:sm90", "--ops", "sparse_mla_decode", "--asm",
-                          str(tmp_path)], capture_output=True, text=True, env=env, timeout=1200)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    codes = [path.read_text() for path in tmp_path.glob("_decode_kernel.*.s")]
-    assert codes, "no _decode_kernel variant compiled"
-    for code in codes:
+    compile_sm90(tmp_path, "sparse_mla_decode")
+    for code in compiled_variants(tmp_path, "_decode_kernel"):
         shapes = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16", code)
         output = shapes.count("256")
         score_columns = sum(int(n) for n in shapes if n != "256")
