@@ -12,6 +12,7 @@ CASES = [
     make_case("sparse_mla_decode", "full", T=128, H=128, topk=128, layout="fp8_ds_mla", extra_topk=1024,
           extra_block_size=64, lens="full"),
     make_case("paged_mqa_logits", "full", B=64, next_n=2, context=8192, H=64, block_size=64),
+    make_case("paged_mqa_topk", "full", B=128, next_n=1, context=8192, H=64, block_size=64, topk=512),
     make_case("fp8_einsum", "full", B=1024, H=8, D=1024, R=4096),
     make_case("indexer_topk", "full", R=128, W=32768, k=512, mode="decode2d"),
     make_case("qnorm_rope_kv_insert", "full", T=128, H=64, layout="fp8_ds_mla", block_size=64, num_blocks=8),
