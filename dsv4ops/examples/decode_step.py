@@ -4,7 +4,7 @@
     -> sparse_mla_decode (SWA + C4 compressed cache) -> inv_rope_fp8_quant -> fp8_einsum
 
 The indexer stays two calls: ``paged_mqa_topk`` (one call, a bounded workspace) measured no faster at
-B=128 and 8K keys (H100: 63.3 µs against 63.4 for the composition; H200: 57.2 against 57.3;
+B=128 and 8K keys (H100: 63.3 µs against 63.4 for the composition; H200: 58.0 against 58.0;
 docs/perf/README.md).
 
 Random weights and caches; one token per request (next_n = 1). ``run_step`` runs the pipeline under
