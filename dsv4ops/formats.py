@@ -160,6 +160,9 @@ LAYOUTS = {layout.name: layout for layout in (
     Layout("nvfp4_v41", Layout.NVFP4, *_V41, NVFP4_TOKEN_BYTES, **_NVFP4_RECORD),
     Layout("nvfp4_v41_inline", Layout.NVFP4, *_V41, NVFP4_TOKEN_BYTES, inline=True, **_NVFP4_RECORD),
 )}
+# What a main (SWA) cache may be, the ``layout=`` of the attention ops and of qnorm_rope_kv_insert:
+# every attention layout but NVFP4, which holds compressed entries only (an ``extra_layout``).
+MAIN_LAYOUTS = {name: layout for name, layout in LAYOUTS.items() if layout.kind != Layout.NVFP4}
 # The indexer key caches (docs/ops.md §3): written by compress_kv_insert, read by paged_mqa_logits.
 INDEX_FP8 = Layout("index_fp8", Layout.INDEX_FP8, torch.uint8, torch.float8_e4m3fn, "ocp", INDEX_TOKEN_BYTES,
                    data_bytes=INDEX_DIM, scale_bytes=4, scale_block=INDEX_DIM)
@@ -494,7 +497,7 @@ def candidate_lens(blocks: torch.Tensor, row_lens: torch.Tensor, sparse_block: i
 
 
 __all__ = [
-    "LAYOUTS", "INDEX_LAYOUTS", "HEAD_DIM", "NOPE_DIM", "ROPE_DIM", "INDEX_DIM", "INDEX_TOKEN_BYTES",
+    "LAYOUTS", "MAIN_LAYOUTS", "INDEX_LAYOUTS", "HEAD_DIM", "NOPE_DIM", "ROPE_DIM", "INDEX_DIM", "INDEX_TOKEN_BYTES",
     "INDEX_MXFP4_TOKEN_BYTES", "index_layout",
     "DS_MLA_TOKEN_BYTES", "ds_mla_page_bytes", "kv_cache_spec", "allocate_kv_cache",
     "ds_mla_views", "record_views", "encode_ds_mla", "decode_ds_mla", "encode_records", "decode_records",

@@ -19,16 +19,22 @@ from ..tolerance import Collector, Verdict, bf16_ulp_close, close, fp8_blocks_cl
 MAX_HEADS = 128
 
 
+# The ``layout=`` argument's doc line, from the one list of main-cache layouts.
+LAYOUT_DOC = "cache layout: " + ", ".join(f'"{name}"' for name in formats.MAIN_LAYOUTS)
+
+
 def check_layout(c: Checker, layout, name: str = "layout") -> Layout:
-    """The attention cache layout ``layout``; NVFP4 (written by compress_kv_insert) is only an
-    ``extra_layout`` (docs/ops.md §6)."""
+    """The attention cache layout ``layout``: one of ``formats.MAIN_LAYOUTS`` for the main cache,
+    of ``formats.LAYOUTS`` for an ``extra_layout`` (NVFP4, written by compress_kv_insert, is only
+    an extra layout; docs/ops.md §6)."""
+    allowed = formats.MAIN_LAYOUTS if name == "layout" else formats.LAYOUTS
     try:
         found = Layout.of(layout)
     except ValueError:
-        c.fail(name, f"must be one of {list(formats.LAYOUTS)}, got {layout!r}")
-    if found.kind == Layout.NVFP4 and name == "layout":
+        c.fail(name, f"must be one of {list(allowed)}, got {layout!r}")
+    if found.name not in allowed:
         c.fail(name, f"{found} holds compressed entries only (compress_kv_insert, extra_layout); "
-                     f"the SWA cache of V4.1 is mxfp8_v41 or mxfp8_v41_inline")
+                     f"a main cache is one of {list(allowed)}")
     return found
 
 
@@ -240,7 +246,7 @@ SPEC = OpSpec(
         Arg("cos_sin_cache", Tensor, doc="fp32 [max_pos, 64]"),
         Arg("kv_cache", Tensor, mutated=True, doc="the SWA cache in `layout` (formats.allocate_kv_cache)"),
         Arg("slot_mapping", Tensor, doc="int64 [T'], negative = skip"),
-        Arg("layout", Layout, keyword_only=True, doc='cache layout: "fp8_ds_mla", "bf16" or "fp8_per_tensor"'),
+        Arg("layout", Layout, keyword_only=True, doc=LAYOUT_DOC),
         Arg("block_size", int, keyword_only=True, doc="tokens per page of kv_cache"),
         Arg("eps", float, 1e-6, keyword_only=True, doc="RMSNorm epsilon (> 0)"),
         Arg("kv_scale", Scale, 1.0, keyword_only=True,

@@ -19,7 +19,7 @@ from ..quant import to_fp8
 from ..sampling import SOFTMAX_SCALE, change, filled_cache, index_lists, randn, set_args, to_device
 from ..shapes import ATTENTION_LAYOUTS, C4_BLOCK, C128_BLOCK, HEADS_PER_RANK, INDEX_TOPK, SWA_BLOCK, WINDOW
 from ..tolerance import Collector, Verdict, calc_diff, close
-from .qnorm_rope_kv_insert import MAX_HEADS, check_kv_cache, check_layout
+from .qnorm_rope_kv_insert import LAYOUT_DOC, MAX_HEADS, check_kv_cache, check_layout
 
 
 def check(c: Checker, a):
@@ -279,8 +279,7 @@ SPEC = OpSpec(
         Arg("kv_cache", Tensor, doc="the SWA cache in `layout`"),
         Arg("indices", Tensor, doc="int32 [T, topk] cache slots, -1 invalid"),
         Arg("topk_lens", Optional[Tensor], None, doc="int32 [T] valid prefix of each index row"),
-        Arg("layout", Layout, keyword_only=True,
-            doc='cache layout: "fp8_ds_mla", "bf16", "fp8_per_tensor", "mxfp8_v41" or "mxfp8_v41_inline"'),
+        Arg("layout", Layout, keyword_only=True, doc=LAYOUT_DOC),
         Arg("block_size", int, keyword_only=True, doc="tokens per page of kv_cache"),
         Arg("softmax_scale", float, keyword_only=True, doc="scale of q.k (> 0)"),
         Arg("attn_sink", Optional[Tensor], None, keyword_only=True, doc="fp32 [H]"),
