@@ -1,7 +1,35 @@
+import re
+
 import pytest
 import torch
 
 from dsv4ops import selection, settings
+
+# A test that needs a GPU carries the ``gpu`` marker (``pytest -m gpu`` on a GPU machine selects all of
+# them); without a GPU this conftest skips it. A test skipped for want of a GPU without the marker fails.
+GPU_PRESENT = torch.cuda.is_available()
+_WANTS_A_GPU = re.compile(r"\bneeds (a|two) (\S+ )?(GPU|GPUs|devices)\b", re.I)
+
+
+def pytest_collection_modifyitems(config, items):
+    if GPU_PRESENT:
+        return
+    skip = pytest.mark.skip(reason="needs a GPU (marked gpu)")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and not item.get_closest_marker("gpu") and isinstance(report.longrepr, tuple):
+        reason = report.longrepr[2]
+        if _WANTS_A_GPU.search(reason) and "marked gpu" not in reason:
+            report.outcome = "failed"
+            report.longrepr = (f"{item.nodeid} skipped for want of a GPU ({reason!r}) but carries no gpu marker: "
+                               "mark it @pytest.mark.gpu so that `pytest -m gpu` selects it")
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,7 @@ from dsv4ops.conformance.repeat import differs
 from dsv4ops.ops import OP_NAMES, OPS
 from dsv4ops.tensors import clone_kwargs
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu
 CASES = [(op, case) for op in OP_NAMES for case in [typical_case(op), *cases(op, "quick")[:3]]]
 
 

@@ -10,7 +10,7 @@ from dsv4ops.examples import layer as layer_example
 from dsv4ops.examples.common import backend_setting
 from dsv4ops.examples.decode_step import make_layer, run_step
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu
 SETTINGS = ["auto", "triton"]
 
 

@@ -9,7 +9,7 @@ from dsv4ops import formats
 from dsv4ops.ops import OPS
 from dsv4ops.sampling import cos_sin_cache
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+pytestmark = pytest.mark.gpu
 GPU_BACKENDS = [b.name for b in dsv4ops.backends() if b.available and b.name != "reference"]
 TAIL = 8    # pages at the end of the cache that the test touches
 

@@ -118,7 +118,7 @@ def test_the_fused_call_allocates_only_its_workspace(env, monkeypatch):
     assert sorted(sizes) == sorted([plan.workspace_bytes(8), 8 * 8 * 4])    # the workspace and the indices
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 @pytest.mark.parametrize("path", ["chunks", "stream"])
 def test_peak_memory_on_the_gpu_is_the_workspace(env, path):
     """32 requests of 128K keys, k=512 (the inputs of B=128 need 9 GB of host memory to build): the
