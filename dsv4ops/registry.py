@@ -67,13 +67,16 @@ class Implementation:
     def decline_reason(self, plat: Platform, key) -> str | None:
         """None when this implementation can serve the call on ``plat`` (its target imported), else
         why not; a check that raises declines with the exception as the reason (it must not break
-        other backends)."""
+        other backends), except a ``ConfigError``: the user's bad setting (a malformed
+        ``DSV4OPS_TRITON_TUNING`` the check reads, say) is the caller's error, never a decline."""
         try:
             reason = self.backend.decline_reason(plat)
             if reason is None:
                 reason = priorities.preference_error(self.op, plat.key, key, self.backend.name)
             if reason is None and self.supports is not None:
                 reason = self.supports(plat, key)
+        except ConfigError:
+            raise
         except _CHECK_FAILURES as exc:
             return f"capability check raised {type(exc).__name__}: {exc}"
         if reason is not None:

@@ -371,6 +371,20 @@ def test_bad_triton_tuning_is_config_error(env, value, why):
     assert (tune.decode_block_h, tune.einsum_tma) == (32, 1)
 
 
+@pytest.mark.parametrize("op", dsv4ops.OP_NAMES)
+@pytest.mark.parametrize("value", ["decode_block_h=0", "decode_block_k=24", "nope=4", "topk_block=-1"])
+def test_bad_triton_tuning_raises_for_every_op(env, op, value):
+    """A malformed DSV4OPS_TRITON_TUNING is the user's error on every op, also where the Triton
+    backend's capability check reads the tuning: never a decline that lets another backend run."""
+    from dsv4ops.conformance import typical_case
+    env(DSV4OPS_TRITON_TUNING=value)
+    kwargs = typical_case(op).build("cpu", seed=0)
+    with pytest.raises(dsv4ops.ConfigError, match="DSV4OPS_TRITON_TUNING"):
+        dsv4ops.dispatch(op, **kwargs)
+    with pytest.raises(dsv4ops.ConfigError, match="DSV4OPS_TRITON_TUNING"):
+        dsv4ops.dispatch(op, **kwargs, backend="triton")
+
+
 @pytest.mark.parametrize("vendor,arch,lanes,warps", [("cuda", "sm90", 32, 32), ("rocm", "gfx942", 64, 16),
                                                        ("rocm", "gfx1100", 32, 32)])
 def test_resident_topk_programs_stay_within_1024_threads(vendor, arch, lanes, warps):
