@@ -1,4 +1,5 @@
 """Selection order, DSV4OPS_BACKEND syntax, forced-backend errors, explain, simulated platforms."""
+import contextlib
 import functools
 import subprocess
 import sys
@@ -369,6 +370,17 @@ def test_bad_triton_tuning_is_config_error(env, value, why):
     env(DSV4OPS_TRITON_TUNING="decode_block_h=32,topk_warps=4,einsum_tma=1")
     tune = tuning(dsv4ops.platform("cpu"))
     assert (tune.decode_block_h, tune.einsum_tma) == (32, 1)
+
+
+@pytest.mark.parametrize("plat,why", [("cpu", "Triton's interpreter runs the fp8 types as they are"),
+                                      ("cuda:sm90", "cuda:sm90 has FP8 tensor cores")])
+def test_fp8_path_reason_names_what_the_platform_has(plat, why):
+    """explain says why the software fp8 path declines: FP8 tensor cores on a GPU, never on a CPU."""
+    from dsv4ops.conformance import typical_case
+    kwargs = typical_case("sparse_mla_decode").build("cpu", seed=0)
+    with (dsv4ops.simulate_platform(*plat.split(":")) if ":" in plat else contextlib.nullcontext()):
+        text = str(dsv4ops.explain("sparse_mla_decode", **kwargs))
+    assert why in text and ("tensor cores" not in text) == (plat == "cpu")
 
 
 @pytest.mark.parametrize("op", dsv4ops.OP_NAMES)

@@ -75,11 +75,21 @@ def fp8_in_software(plat: Platform, call) -> str | None:
     if tuning(plat).fp8_path == "hw":
         return "DSV4OPS_TRITON_TUNING fp8_path=hw forces the FP8 path"
     if not target(plat).fp8_soft:
-        return f"{plat.vendor}:{plat.arch} has FP8 tensor cores (DSV4OPS_TRITON_TUNING=fp8_path=soft forces this path)"
+        return f"{_fp8_capability(plat)} (DSV4OPS_TRITON_TUNING=fp8_path=soft forces this path)"
     layout, q = call.get("layout"), call.get("q")
     if (layout is not None and layout.fp8_flavour == "fnuz") or (q is not None and q.dtype == torch.float8_e4m3fnuz):
         return "FNUZ e4m3 (gfx942) is served by the FP8 path only"
     return None
+
+
+def _fp8_capability(plat: Platform) -> str:
+    """Why the FP8 path serves ``plat``: FP8 tensor cores on a GPU; Triton's own fp8 types on XPU
+    and in the interpreter (a CPU has no tensor cores)."""
+    if plat.vendor == "cpu":
+        return "Triton's interpreter runs the fp8 types as they are"
+    if plat.vendor == "xpu":
+        return f"{plat.vendor}:{plat.arch} keeps Triton's own fp8 types"
+    return f"{plat.vendor}:{plat.arch} has FP8 tensor cores"
 
 
 def bf16_tensor_cores(plat: Platform, call) -> str | None:
