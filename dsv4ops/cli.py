@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import sys
@@ -88,10 +89,8 @@ def check_plot_prefix(value: str | None) -> None:
     """``bench --plot PREFIX``: matplotlib installed and PREFIX's folder writable."""
     if not value:
         return
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise UsageError('--plot needs matplotlib: pip install "dsv4ops[bench]"') from None
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError('--plot needs matplotlib: pip install "dsv4ops[bench]"')
     folder = os.path.dirname(value) or "."
     if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
         raise UsageError(f"--plot {value!r}: folder {folder!r} does not exist or is not writable")
