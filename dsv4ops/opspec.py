@@ -11,6 +11,7 @@ capability checks see, and the ``torch.library`` schema. Adding an argument is a
 from __future__ import annotations
 
 import collections
+import importlib
 import inspect
 import keyword
 from dataclasses import dataclass, field
@@ -111,7 +112,10 @@ class OpSpec:
     alias an input (only their ``out=`` form exists as a torch op). ``leading``: the tensor
     arguments whose dim 0 is the call's leading size (tokens per step at most), none when the op
     has no such size: a call cut to its first ``n`` rows slices exactly these (``at_size``), which
-    is how warm-up runs an implementation whose JIT compiles per leading size at every size."""
+    is how warm-up runs an implementation whose JIT compiles per leading size at every size.
+    ``composes``: the ops whose results define this op's (docs/ops.md: ``mqa_topk`` is
+    ``indexer_topk(mqa_logits(...))``); its module may build on theirs, and no op module imports
+    another's otherwise (tests/test_import_graph.py)."""
 
     name: str
     section: int
@@ -125,12 +129,19 @@ class OpSpec:
     bench: BenchShapes
     out_variant_only: bool = False
     leading: tuple[str, ...] = ()
+    composes: tuple[str, ...] = ()
 
     def at_size(self, args, n: int):
         """The typed ``args`` cut to their first ``n`` rows: the ``leading`` tensors sliced on dim 0
         (views of the same storage; an absent optional one stays None)."""
         return args._replace(**{name: getattr(args, name)[:n] for name in self.leading
                                 if getattr(args, name) is not None})
+
+    def reference_function(self, name: str = "") -> Callable[[Any], Any]:
+        """The reference (typed args -> result), or the function ``name`` of its module
+        (``output_magnitude``, say), imported when first asked."""
+        module, _, function = self.reference.partition(":")
+        return getattr(importlib.import_module(module), name or function)
 
     @property
     def written(self) -> tuple[Arg, ...]:
@@ -244,6 +255,11 @@ class Op:
         except TypeError as exc:
             raise InputError(f"{self.name}: {exc}") from None
         return self.validate(typed)
+
+    def reference(self, *args, **kwargs):
+        """The reference's result on a validated call (the public function's arguments), without
+        dispatch: what comparison rules compute with."""
+        return self.spec.reference_function()(self.validate_call(*args, **kwargs).args)
 
     def schema(self, out_form: bool = False) -> str:
         """The torch.library schema: functional (``out`` excluded) or the out form."""

@@ -3,6 +3,7 @@
 Per model ("flash": V4-Flash, "pro": V4-Pro) at tensor parallelism 1, 2, 4, 8.
 """
 HEADS_PER_RANK = {"flash": (64, 32, 16, 8), "pro": (128, 64, 32, 16)}   # TP 1, 2, 4, 8
+MAX_HEADS = 128                         # what the attention ops take (docs/ops.md §1, §2)
 O_GROUPS_PER_RANK = {"flash": (8, 4, 2, 1), "pro": (16, 8, 4, 2)}
 INDEX_TOPK = {"flash": 512, "pro": 1024}
 WINDOW = 128

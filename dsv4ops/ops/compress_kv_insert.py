@@ -12,13 +12,13 @@ import torch
 from torch import Tensor
 
 from .. import formats, quant
+from ..cache_checks import check_kv_cache
 from ..checker import Checker, describe
 from ..formats import Layout
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..sampling import change, cos_sin_cache, randint, randn, set_args, to_device
 from ..shapes import C4_BLOCK, C128_BLOCK
 from ..tolerance import Collector, Verdict, bf16_ulp_close, fp8_blocks_close
-from .qnorm_rope_kv_insert import check_kv_cache
 
 STATE_ARGS = ("state_cache", "state_slot_mapping", "state_block_table", "token_to_req")   # None for ratio 1
 V41_EPS = 1e-20                 # DeepSeek-V4.1's rms_norm_eps (the conformance cases' eps for ratios 2, 1)

@@ -8,50 +8,14 @@ import torch
 from torch import Tensor
 
 from .. import formats, quant
+from ..cache_checks import LAYOUT_DOC, check_kv_cache, check_layout
 from ..checker import Checker
 from ..cost import nbytes
 from ..formats import Layout
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, Scale, define
 from ..sampling import change, cos_sin_cache, randint, randn, random_cache_bytes, set_args, to_device
-from ..shapes import ATTENTION_LAYOUTS, HEADS_PER_RANK, SWA_BLOCK
+from ..shapes import ATTENTION_LAYOUTS, HEADS_PER_RANK, MAX_HEADS, SWA_BLOCK
 from ..tolerance import Collector, Verdict, bf16_ulp_close, close, fp8_blocks_close, fp8_ulp_close
-
-MAX_HEADS = 128
-
-
-# The ``layout=`` argument's doc line, from the one list of main-cache layouts.
-LAYOUT_DOC = "cache layout: " + ", ".join(f'"{name}"' for name in formats.MAIN_LAYOUTS)
-
-
-def check_layout(c: Checker, layout, name: str = "layout") -> Layout:
-    """The attention cache layout ``layout``: one of ``formats.MAIN_LAYOUTS`` for the main cache,
-    of ``formats.LAYOUTS`` for an ``extra_layout`` (NVFP4, written by compress_kv_insert, is only
-    an extra layout; docs/ops.md §6)."""
-    allowed = formats.MAIN_LAYOUTS if name == "layout" else formats.LAYOUTS
-    try:
-        found = Layout.of(layout)
-    except ValueError:
-        c.fail(name, f"must be one of {list(allowed)}, got {layout!r}")
-    if found.name not in allowed:
-        c.fail(name, f"{found} holds compressed entries only (compress_kv_insert, extra_layout); "
-                     f"a main cache is one of {list(allowed)}")
-    return found
-
-
-def check_kv_cache(c: Checker, name: str, cache, layout: Layout, block_size: int) -> None:
-    """``cache`` must be what ``formats.allocate_kv_cache(n, block_size, layout)`` returns; a V4.1
-    cache may have any page width ``>= block_size * token_bytes`` (docs/ops.md §6)."""
-    if not isinstance(cache, torch.Tensor) or cache.dim() < 1:
-        c.fail(name, f"must be a {layout} KV cache tensor, got {type(cache).__name__}")
-    if layout.is_v41:
-        c.tensor(name, cache, dtype=layout.cache_dtype, shape=("num_blocks", "page_bytes"), contiguous=True)
-        if cache.shape[1] < layout.min_page_bytes(block_size):
-            c.fail(name, f"pages of {cache.shape[1]} bytes are too small for block_size={block_size} "
-                         f"tokens of {layout.token_bytes} bytes ({layout}): need at least "
-                         f"{layout.min_page_bytes(block_size)}")
-        return
-    shape = layout.cache_shape(cache.shape[0], block_size)
-    c.tensor(name, cache, dtype=layout.cache_dtype, shape=("num_blocks",) + shape[1:], contiguous=True)
 
 
 def check(c: Checker, a):

@@ -11,15 +11,16 @@ import torch
 from torch import Tensor
 
 from .. import formats, registry
+from ..cache_checks import LAYOUT_DOC, check_kv_cache, check_layout
 from ..checker import Checker
 from ..cost import nbytes, selected_entries
 from ..formats import Layout
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, Scale, define
 from ..quant import to_fp8
 from ..sampling import SOFTMAX_SCALE, change, filled_cache, index_lists, randn, set_args, to_device
-from ..shapes import ATTENTION_LAYOUTS, C4_BLOCK, C128_BLOCK, HEADS_PER_RANK, INDEX_TOPK, SWA_BLOCK, WINDOW
+from ..shapes import (ATTENTION_LAYOUTS, C4_BLOCK, C128_BLOCK, HEADS_PER_RANK, INDEX_TOPK, MAX_HEADS, SWA_BLOCK,
+                      WINDOW)
 from ..tolerance import Collector, Verdict, calc_diff, close
-from .qnorm_rope_kv_insert import LAYOUT_DOC, MAX_HEADS, check_kv_cache, check_layout
 
 
 def check(c: Checker, a):
