@@ -168,6 +168,21 @@ def row_ranges(gen, R: int, W: int, mode: str, next_n: int = 1, corner: str | No
     return args, (cols < starts[:, None]) | (cols >= ends[:, None])
 
 
+def random_blocks(gen, lens: torch.Tensor, num_blocks: int, sparse_block: int, newest=True) -> torch.Tensor:
+    """Candidate blocks (docs/ops.md §15), int32 [R, num_blocks]: per row min(num_blocks, ceil(n / sparse_block)) random visible blocks,
+    the newest one among them (unless ``newest=False``), ascending, then -1."""
+    out = torch.full((lens.numel(), num_blocks), -1, dtype=torch.int32)
+    for r, n in enumerate(lens.tolist()):
+        total = -(-n // sparse_block)
+        m = min(num_blocks, total)
+        if m == 0:
+            continue
+        pick = torch.randperm(total - 1, generator=gen)[: m - 1] if newest else torch.randperm(total, generator=gen)[:m]
+        chosen = torch.cat([pick, torch.tensor([total - 1])]) if newest else pick
+        out[r, :m] = chosen.sort().values.to(torch.int32)
+    return out
+
+
 def set_args(**changes) -> Callable[[dict], None]:
     """An error input's change: set these arguments."""
     return lambda kwargs: kwargs.update(changes)

@@ -12,4 +12,5 @@ C4_BLOCK, C128_BLOCK = 64, 2
 O_LORA_RANK, O_GROUP_K = 1024, 8 * 512
 INDEX_HEADS = 64
 V41_INDEX_HEADS = 32                    # DeepSeek-V4.1's indexer (MXFP4 keys, docs/ops.md §3)
+CANDIDATE_BLOCK, CANDIDATE_BLOCKS = 8, 2048   # V4.1's two-level indexer: positions per block, blocks per row
 ATTENTION_LAYOUTS = ("fp8_ds_mla", "bf16", "fp8_per_tensor")   # the layouts attention reads

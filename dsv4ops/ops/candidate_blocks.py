@@ -9,12 +9,11 @@ import torch
 from torch import Tensor
 
 from ..checker import INT32_MAX, Checker
+from ..index_checks import check_row_lengths
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..sampling import change, randint, randn, row_ranges, set_args, to_device
+from ..shapes import CANDIDATE_BLOCK, CANDIDATE_BLOCKS
 from ..tolerance import Collector, Verdict
-from .indexer_topk import check_row_lengths
-
-CANDIDATE_BLOCK, CANDIDATE_BLOCKS = 8, 2048       # V4.1's configuration (positions per block, blocks per row)
 
 
 def check(c: Checker, a):

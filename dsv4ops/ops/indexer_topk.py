@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from ..checker import INT32_MAX, Checker
+from ..index_checks import check_row_lengths
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..rows import row_bounds
 from ..sampling import change, randint, randn, row_ranges, set_args, to_device
@@ -27,34 +28,6 @@ def check(c: Checker, a):
     check_row_lengths(c, a, R, W)
     c.out_buffer(a.out, dtype=torch.int32, shape=(R, a.k))
     return a
-
-
-def check_row_lengths(c: Checker, a, R: int, W: int):
-    """The two ways a call over ``R`` logits rows of width ``W`` gives each row's visible columns
-    (docs/ops.md §5): ``row_starts`` / ``row_ends`` int32 ``[R]``, or ``seq_lens`` int32 ``[B]`` /
-    ``[B, next_n]`` with ``next_n`` rows per request; exactly one of them."""
-    c.int_arg("next_n", a.next_n, minimum=1)
-    ranged = a.row_starts is not None or a.row_ends is not None
-    seq_lens = a.seq_lens
-    if ranged == (seq_lens is not None):
-        c.fail("seq_lens", "give either row_starts and row_ends, or seq_lens (not both, not neither)")
-    if ranged:
-        c.tensor("row_starts", a.row_starts, dtype=torch.int32, shape=(R,))
-        c.tensor("row_ends", a.row_ends, dtype=torch.int32, shape=(R,))
-        c.in_range("row_starts", a.row_starts, 0, W + 1, what="row starts")
-        c.in_range("row_ends", a.row_ends, 0, W + 1, what="row ends")
-        c.not_above("row_starts", a.row_starts, "row_ends", a.row_ends)
-    else:
-        if not isinstance(seq_lens, torch.Tensor) or seq_lens.dim() not in (1, 2):
-            c.fail("seq_lens", "must be int32 [B] or [B, next_n]")
-        if seq_lens.dim() == 2 and a.next_n not in (1, seq_lens.shape[1]):
-            c.fail("next_n", f"must match seq_lens.shape[1]={seq_lens.shape[1]}, got {a.next_n}")
-        rows_per_seq = seq_lens.shape[1] if seq_lens.dim() == 2 else a.next_n
-        c.tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(R // rows_per_seq,) + tuple(seq_lens.shape[1:]))
-        if seq_lens.shape[0] * rows_per_seq != R:
-            c.fail("seq_lens", f"must describe R={R} rows (B * next_n), got {list(seq_lens.shape)} "
-                               f"with next_n={rows_per_seq}")
-        c.in_range("seq_lens", seq_lens, 0, W + 1, what="lengths (at most the logits width)")
 
 
 def fake(a):

@@ -9,13 +9,13 @@ from torch import Tensor
 
 from .. import formats, registry
 from ..checker import Checker
+from ..index_checks import check_query
 from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..quant import FP8_MAX, encode_mxfp4, to_fp8, ue8m0_scale
 from ..sampling import FP8_NAN, change, index_query, key_ranges, randn, set_args, to_device
 from ..shapes import INDEX_HEADS, INDEX_TOPK, V41_INDEX_HEADS
 from ..tolerance import Collector, Verdict, fp8_abs, indexer_logits_rule, topk_selection
-from .paged_mqa_logits import check_query
 
 FP8_TYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz)     # OCP e4m3, or FNUZ e4m3 (gfx942)
 

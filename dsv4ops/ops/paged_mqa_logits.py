@@ -10,6 +10,7 @@ from torch import Tensor
 
 from .. import formats, registry
 from ..checker import Checker
+from ..index_checks import check_query
 from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..rows import causal_row_lengths, decode_row_ends
@@ -19,22 +20,6 @@ from ..tolerance import Collector, Verdict, abs_index_cache, fp8_abs, indexer_lo
 
 
 KEY_BYTES = tuple(layout.token_bytes for layout in formats.INDEX_LAYOUTS.values())      # 132 (fp8), 68 (MXFP4)
-
-
-def check_query(c: Checker, q, q_scale, lead: tuple, mxfp4_keys: bool):
-    """q: fp8 e4m3 ``[*lead, H, 128]`` with ``q_scale`` None, or MXFP4 (MXFP4 keys only): packed e2m1
-    uint8 ``[*lead, H, 64]`` with UE8M0 bytes uint8 ``[*lead, H, 4]``; both contiguous (mqa_logits too)."""
-    if q.dtype != torch.uint8:
-        if q_scale is not None:
-            c.fail("q_scale", f"must be None for fp8 q (it scales MXFP4 queries only), got {list(q_scale.shape)}")
-        return
-    if not mxfp4_keys:
-        c.fail("q", "MXFP4 queries (uint8) need MXFP4 keys (68 B index_mxfp4), got fp8 keys: quantize q to fp8")
-    c.tensor("q", q, shape=(*lead, "H", formats.INDEX_DIM // 2))
-    if q_scale is None:
-        c.fail("q_scale", "must be the UE8M0 bytes uint8 [..., H, 4] of the MXFP4 q, got None")
-    c.tensor("q_scale", q_scale, dtype=torch.uint8, shape=(*q.shape[:-1], formats.INDEX_DIM // formats.MX_BLOCK),
-             contiguous=True)
 
 
 def check(c: Checker, a):

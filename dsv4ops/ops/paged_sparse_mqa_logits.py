@@ -10,32 +10,15 @@ import torch
 from torch import Tensor
 
 from .. import formats, registry
-from ..checker import INT32_MAX, Checker
+from ..checker import Checker
+from ..index_checks import check_blocks
 from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..quant import to_fp8
-from ..rows import bad_candidate_rows, candidate_columns, causal_row_lengths, decode_row_ends
-from ..sampling import change, randint, randn, request_lengths, set_args, to_device
-from ..shapes import V41_INDEX_HEADS
+from ..rows import candidate_columns, causal_row_lengths, decode_row_ends
+from ..sampling import change, randint, randn, random_blocks, request_lengths, set_args, to_device
+from ..shapes import CANDIDATE_BLOCK, CANDIDATE_BLOCKS, V41_INDEX_HEADS
 from ..tolerance import Collector, Verdict, abs_index_cache, fp8_abs, indexer_logits_rule
-from .candidate_blocks import CANDIDATE_BLOCK, CANDIDATE_BLOCKS
-
-
-def check_blocks(c: Checker, a, rows: int, lens):
-    """``blocks`` and ``sparse_block``, shared with sparse_mqa_logits (§16): int32 [rows, num_blocks],
-    any strides; per row ascending visible blocks, then -1 (a value check)."""
-    c.int_arg("sparse_block", a.sparse_block, minimum=1)
-    c.tensor("blocks", a.blocks, dtype=torch.int32, shape=(rows, "num_blocks"))
-    width = a.blocks.shape[1] * a.sparse_block
-    if width > INT32_MAX:
-        c.fail("blocks", f"must keep num_blocks * sparse_block <= {INT32_MAX}, got {a.blocks.shape[1]} * "
-                         f"{a.sparse_block}")
-    if c.values_checked(a.blocks) and rows:
-        bad = bad_candidate_rows(a.blocks, lens.to(a.blocks.device), a.sparse_block)
-        if bool(bad.any()):
-            c.fail("blocks", f"rows must hold strictly ascending blocks b with 0 <= b < ceil(n / sparse_block) "
-                             f"(n the row's visible count), then only -1; row {int(torch.nonzero(bad)[0])} does not")
-    return width
 
 
 def check(c: Checker, a):
@@ -76,21 +59,6 @@ def fake(a):
 
 # ---------------------------------------------------------------------------------------------
 # Conformance: sample inputs, cases, comparison rule, error inputs, bench shapes
-
-def random_blocks(gen, lens: torch.Tensor, num_blocks: int, sparse_block: int, newest=True) -> torch.Tensor:
-    """int32 [R, num_blocks]: per row min(num_blocks, ceil(n / sparse_block)) random visible blocks,
-    the newest one among them (unless ``newest=False``), ascending, then -1."""
-    out = torch.full((lens.numel(), num_blocks), -1, dtype=torch.int32)
-    for r, n in enumerate(lens.tolist()):
-        total = -(-n // sparse_block)
-        m = min(num_blocks, total)
-        if m == 0:
-            continue
-        pick = torch.randperm(total - 1, generator=gen)[: m - 1] if newest else torch.randperm(total, generator=gen)[:m]
-        chosen = torch.cat([pick, torch.tensor([total - 1])]) if newest else pick
-        out[r, :m] = chosen.sort().values.to(torch.int32)
-    return out
-
 
 def inputs(device, gen, *, B, next_n, context, H=V41_INDEX_HEADS, block_size=64, layout="index_fp8",
            sparse_block=8, num_blocks=8, lens_dim=1, scale_fmt="fp32", clean=False, corner=None, out=False):

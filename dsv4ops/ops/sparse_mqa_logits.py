@@ -9,15 +9,14 @@ from torch import Tensor
 
 from .. import formats, registry
 from ..checker import Checker
+from ..index_checks import check_blocks
 from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..rows import candidate_columns
-from ..sampling import FP8_NAN, change, set_args, to_device
-from ..shapes import V41_INDEX_HEADS
+from ..sampling import FP8_NAN, change, random_blocks, set_args, to_device
+from ..shapes import CANDIDATE_BLOCK, CANDIDATE_BLOCKS, V41_INDEX_HEADS
 from ..tolerance import Collector, Verdict, fp8_abs, indexer_logits_rule
 from . import mqa_logits as dense
-from .candidate_blocks import CANDIDATE_BLOCK, CANDIDATE_BLOCKS
-from .paged_sparse_mqa_logits import check_blocks, random_blocks
 
 
 def check(c: Checker, a):
