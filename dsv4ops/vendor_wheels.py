@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-# torch major.minor -> distribution -> release (README "Supported versions").
+# torch major.minor -> distribution -> release (docs/contributing.md, "Supported and tested versions").
 WHEELS = {
     "2.11": {"tokenspeed-deepgemm": "2.5.0.post20260604",      # loaded and ran on the H100 (2.11.0+cu130)
              "tokenspeed-flashmla": "1.0.0.post20260615"},
