@@ -7,9 +7,11 @@ the rest of a dispatch.
 """
 from __future__ import annotations
 
+import difflib
 import os
 import tempfile
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,6 +26,9 @@ VARIABLES = {
     "DSV4OPS_VERIFY": "re-run a sampled fraction of calls on the reference (docs/verify.md)",
     "DSV4OPS_JIT_MONITOR": "off|warn|error: report a Triton compile of a dsv4ops kernel (after warm-up)",
 }
+
+# Variables the test suite and CI read (not dsv4ops): known names, so never warned about.
+TEST_VARIABLES = ("DSV4OPS_TIER", "DSV4OPS_VENDOR_WHEELS")
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 VERIFY_ACTIONS = ("log", "raise")
@@ -99,9 +104,26 @@ def parse_jit_monitor(value: str) -> str:
     return mode
 
 
+_warned: set[str] = set()
+
+
+def warn_unknown(names) -> None:
+    """Warn once per process about each ``DSV4OPS_*`` name dsv4ops does not read (a misspelt
+    variable is otherwise silently ignored), with the closest known name."""
+    for name in sorted(n for n in names if n.startswith("DSV4OPS_") and n not in VARIABLES
+                       and n not in TEST_VARIABLES and n not in _warned):
+        _warned.add(name)
+        prefix = len("DSV4OPS_")                   # compare what follows it: every name shares it
+        close = difflib.get_close_matches(name[prefix:], [known[prefix:] for known in VARIABLES], n=1)
+        hint = f"did you mean DSV4OPS_{close[0]}?" if close else f"dsv4ops reads {', '.join(VARIABLES)}"
+        warnings.warn(f"{name} is not a dsv4ops variable and is ignored; {hint}", stacklevel=3)
+
+
 def read_environment() -> Settings:
-    """The snapshot of ``os.environ`` (raises ConfigError for a malformed flag or verify setting)."""
+    """The snapshot of ``os.environ`` (raises ConfigError for a malformed flag or verify setting;
+    warns about an unknown ``DSV4OPS_*`` name)."""
     env = os.environ
+    warn_unknown(env)
     return Settings(
         backend=env.get("DSV4OPS_BACKEND", "").strip(),
         platform=env.get("DSV4OPS_PLATFORM", "").strip(),

@@ -4,6 +4,7 @@ import functools
 import subprocess
 import sys
 import threading
+import warnings
 
 import pytest
 import torch
@@ -256,6 +257,21 @@ def test_malformed_flag_is_config_error(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(dsv4ops.ConfigError, match=name):
         settings.reload()
+
+
+def test_unknown_variable_is_warned_once_with_the_closest_name(monkeypatch):
+    monkeypatch.setattr(settings, "_warned", set())
+    monkeypatch.setenv("DSV4OPS_BACKENDS", "triton")
+    monkeypatch.setenv("DSV4OPS_ZZZ", "1")
+    monkeypatch.setenv("DSV4OPS_TIER", "full")             # the test suite's own variable: known
+    with pytest.warns(UserWarning) as caught:
+        settings.reload()
+    texts = sorted(str(w.message) for w in caught)
+    assert len(texts) == 2 and "DSV4OPS_BACKENDS is not a dsv4ops variable" in texts[0]
+    assert "did you mean DSV4OPS_BACKEND?" in texts[0] and "dsv4ops reads DSV4OPS_BACKEND, " in texts[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        settings.reload()                                   # once per process
 
 
 @pytest.mark.parametrize("value,on", [("0", False), ("false", False), ("off", False), ("1", True), ("Yes", True)])
