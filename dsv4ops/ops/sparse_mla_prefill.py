@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import torch
 
+from ..attention_family import (ARGS, OUTPUTS, STRIDES, attention_rule, check, fake, grid_cases, inputs,
+                                output_magnitude, v41_cases)
 from ..cost import nbytes, selected_entries
 from ..opspec import BenchShapes, Conformance, OpSpec, define
 from ..sampling import change, set_args
 from ..shapes import ATTENTION_LAYOUTS, C4_BLOCK, C128_BLOCK, HEADS_PER_RANK, INDEX_TOPK, SWA_BLOCK, WINDOW
-from .sparse_mla_decode import SPEC as DECODE
-from .sparse_mla_decode import attention_rule, grid_cases, v41_cases
 
 
 def cases(tier: str):
@@ -99,18 +99,18 @@ SPEC = OpSpec(
     Returns out bf16 [T, H, 512] and lse fp32 [T, H] (natural log, sink excluded, +inf if lonely);
     with ``need_lse=False`` the second element is None (AITER's pa_prefill_sparse has no lse).
     The caches are read in place: a backend that needs a gathered bf16 workspace builds it itself.""",
-    args=DECODE.args,
-    outputs=DECODE.outputs,
-    check=DECODE.check,
-    fake=DECODE.fake,
+    args=ARGS,
+    outputs=OUTPUTS,
+    check=check,
+    fake=fake,
     reference="dsv4ops.reference.impl.sparse_mla_prefill:sparse_mla_prefill",
     conformance=Conformance(
-        inputs=DECODE.conformance.inputs,
+        inputs=inputs,
         cases=cases,
         typical=dict(T=64, H=64, topk=WINDOW, layout="fp8_ds_mla", block_size=SWA_BLOCK, extra_topk=512,
                      extra_block_size=C4_BLOCK),
-        compare=attention_rule("sparse_mla_prefill"),
-        strides=DECODE.conformance.strides,
+        compare=attention_rule(lambda kw: output_magnitude(OP, kw)),
+        strides=STRIDES,
         stride_bases={
             "quick": (dict(T=3, H=16, topk=32, layout="fp8_ds_mla", block_size=16, extra_topk=32, extra_block_size=16,
                            out=True),),
