@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import textwrap
+import warnings
 
 import torch
 
@@ -246,7 +247,8 @@ def parse_fields(items: list[str] | None, flag: str) -> dict:
 
 
 def cmd_warmup(args) -> int:
-    from .warm_up import TOPK_MODES, warmup
+    from .deployment import TOPK_MODES
+    from .warm_up import warmup
 
     ops = parse_ops(args.ops)
     backend_names = parse_backends(args.backends)
@@ -264,16 +266,20 @@ def cmd_warmup(args) -> int:
     out = open_output(args.json, "--json")
     options = dict(model=args.model, tp=args.tp, dims=parse_fields(args.dim, "--dim"), limits=limits, device=device,
                    backends=backend_names, workers=args.workers)
-    try:
-        from rich.progress import Progress
-    except ImportError:
-        summary = warmup(ops, **options, progress=lambda done, total, text: print(f"[{done}/{total}] {text}",
-                                                                                   file=sys.stderr))
-    else:
-        with Progress(transient=True) as bar:
-            task = bar.add_task("warm-up", total=None)
-            summary = warmup(ops, **options, progress=lambda done, total, text: bar.update(
-                task, completed=done, total=total, description=text))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "dsv4ops.warmup: ")     # why nothing compiled: the error below
+        try:
+            from rich.progress import Progress
+        except ImportError:
+            summary = warmup(ops, **options, progress=lambda done, total, text: print(f"[{done}/{total}] {text}",
+                                                                                       file=sys.stderr))
+        else:
+            with Progress(transient=True) as bar:
+                task = bar.add_task("warm-up", total=None)
+                summary = warmup(ops, **options, progress=lambda done, total, text: bar.update(
+                    task, completed=done, total=total, description=text))
+    if summary.reason is not None:
+        raise UsageError(summary.reason)
     print(summary)
     if out is not None:
         json.dump(dict(platform=summary.platform, seconds=summary.seconds, cache_dir=summary.cache_dir,

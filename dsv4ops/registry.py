@@ -46,6 +46,7 @@ class Implementation:
     supports: Check | None = None
     cannot_capture: str | None = None      # why a CUDA graph cannot capture it (None: it can)
     jit_per_size: str | None = None        # why its JIT compiles per value of the call's leading size
+    warmup: str | Callable | None = None   # warmup(dims, limits, machine) -> builder parameters of its warm-up calls
     _fn: Callable | None = field(default=None, repr=False)
 
     def bound(self, plat: Platform) -> Callable[[Any], Any]:
@@ -91,28 +92,34 @@ class Implementation:
 @dataclass
 class Backend:
     """A vendor backend. ``probe()`` returns None if its library is usable, else why not (cached);
-    ``context(platform)``, if given, is what every implementation gets before the typed args."""
+    ``context(platform)``, if given, is what every implementation gets before the typed args;
+    ``warmup_session(machine, workers, on_compile)``, if given, a context manager inside which its
+    implementations compile what a call needs without running it (``dsv4ops.warm_up.warmup``)."""
 
     name: str
     platforms: tuple[str, ...]
     probe: Callable[[], str | None] | None = None
     description: str = ""
     context: Callable[[Platform], Any] | None = None
+    warmup_session: Callable[..., Any] | None = None    # compile without running (dsv4ops.warm_up.warmup)
     implementations: dict[str, list[Implementation]] = field(default_factory=dict)
     _probed: tuple[bool, str | None] | None = field(default=None, repr=False)
 
     def implements(self, op: str, target: str | Callable, *, name: str | None = None, priority: int | None = None,
                    supports: Check | None = None, cannot_capture: str | None = None,
-                   jit_per_size: str | None = None) -> Implementation:
+                   jit_per_size: str | None = None, warmup: str | Callable | None = None) -> Implementation:
         """Register an implementation of ``op``; ``priority`` only for backends not in the
         priorities table (out-of-tree plugins); ``cannot_capture``: why a CUDA graph cannot capture
         it (a host synchronization, say), so that selection skips it while a stream is capturing;
         ``jit_per_size``: why its JIT compiles (or picks) a kernel per value of the call's leading
-        size (the op's ``OpSpec.leading``), so that warm-up runs it at every size up to the limit."""
+        size (the op's ``OpSpec.leading``), so that warm-up runs it at every size up to the limit;
+        ``warmup`` (a callable or ``"module:function"``, imported when warm-up first asks):
+        ``warmup(dims, limits, machine)`` returns the builder parameters (the op's conformance
+        inputs) of calls that together reach every variant it can compile (``dsv4ops.deployment``)."""
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
             raise ConfigError(f"backend {self.name!r}: priority= must be an int, got {priority!r}")
         impl = Implementation(op, self, name or self.name, target, priorities.priority(op, self.name, priority),
-                              supports, cannot_capture, jit_per_size)
+                              supports, cannot_capture, jit_per_size, warmup)
         _register(impl)
         impls = self.implementations.setdefault(op, [])
         impls[:] = [i for i in impls if i.name != impl.name] + [impl]

@@ -129,3 +129,15 @@ def test_dispatch_never_reaches_the_conformance_harness():
 
 def test_a_planted_cycle_is_found():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_core_imports_no_backend_internals():
+    """The core (``dsv4ops`` and its ops, conformance and examples) knows backends only through the
+    registry: it may import the ``dsv4ops.backends`` package (the entry-point namespace ``backends()``
+    lists), never a module inside a backend (a kernel, a launcher, a backend's warm-up internals)."""
+    edges = graph()
+    core = [m for m in edges if m == "dsv4ops" or (m.startswith("dsv4ops.")
+                                                    and not m.startswith(("dsv4ops.backends", "dsv4ops.reference")))]
+    assert "dsv4ops.warm_up" in core and "dsv4ops.ops.indexer_topk" in core
+    found = {m: sorted(d for d in edges[m] if d.startswith("dsv4ops.backends.")) for m in core}
+    assert not {m: d for m, d in found.items() if d}, f"core modules importing backend internals: {found}"

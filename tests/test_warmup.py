@@ -2,9 +2,10 @@
 (tests/compile_only.py), the variants ``dsv4ops.warmup`` compiles for V4-Flash dims and a set of
 engine limits include every variant a sweep of shapes within those limits asks for (T = 1..40,
 rows 1..40, contexts growing one token at a time, widths up to the limit). A call's variants are
-Triton's own keys, computed by the launch path (``dsv4ops.warm_up.variant_keys``), so the test
-cannot drift from the launchers. Runs in a subprocess: the kernels must be imported compiled, not
-interpreted (the conftest sets TRITON_INTERPRET=1)."""
+Triton's own keys, computed by the launch path (``backends/triton/warmup.py``'s ``variant_keys``), so
+the test cannot drift from the launchers; the sweeps are this test's own, independent of the
+kernels' warm-up declarations they check. Runs in a subprocess: the kernels must be imported
+compiled, not interpreted (the conftest sets TRITON_INTERPRET=1)."""
 from __future__ import annotations
 
 import json
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from dsv4ops import deployment as D
 from dsv4ops import warm_up as W
 from dsv4ops.errors import InputError
 from dsv4ops.ops import OP_NAMES
@@ -25,7 +27,7 @@ DIMS = dict(o_lora_rank=256, o_group_k=512, candidate_blocks=64)
 LIMITS = dict(max_tokens=64, max_context=16384, next_n=2)
 
 
-def sweeps(lim: W.Limits, dims: W.ModelDims) -> dict[str, list[dict]]:
+def sweeps(lim: D.Limits, dims: D.ModelDims) -> dict[str, list[dict]]:
     """Builder parameters of the calls an engine within ``lim`` makes, per op: sizes that change
     every step, one at a time (the issue's table, at CPU scale)."""
     H, ih, k, n = dims.heads, dims.index_heads, dims.index_topk, lim.next_n
@@ -87,6 +89,7 @@ def main(argv) -> int:
 
     import dsv4ops
     from dsv4ops import registry
+    from dsv4ops.backends.triton.warmup import compile_without_launching, variant_keys
     from dsv4ops.ops import OPS
 
     triton = registry.get_backend("triton")
@@ -106,7 +109,7 @@ def main(argv) -> int:
     report = {}
     with dsv4ops.simulate_platform("cuda", "sm90") as plat:
         summary = dsv4ops.warmup(dims=DIMS, limits=LIMITS, device="cpu", backends=["triton"], workers=2)
-        dims, lim = W.model_dims(**DIMS), W.engine_limits(**LIMITS)
+        dims, lim = D.model_dims(**DIMS), D.engine_limits(**LIMITS)
         gen = torch.Generator().manual_seed(1)
         for op, calls in sweeps(lim, dims).items():
             impls = triton.implementations[op]
@@ -114,8 +117,8 @@ def main(argv) -> int:
             for params in calls:
                 call = OPS[op].validate_call(**OPS[op].spec.conformance.inputs("cpu", gen, **params))
                 impl = next(i for i in impls if i.decline_reason(plat, call.key) is None)
-                with W._compile_without_launching():     # warmed variants return without launching
-                    outside |= W.variant_keys(lambda impl=impl, call=call: impl.bound(plat)(call.args))
+                with compile_without_launching():     # warmed variants return without launching
+                    outside |= variant_keys(lambda impl=impl, call=call: impl.bound(plat)(call.args))
             warmed = next(o for o in summary.ops if o.op == op)
             report[op] = dict(warmed=warmed.compiled, calls=len(calls), outside=sorted(map(list, outside)))
     report["summary"] = dict(variants=len(summary.variants), seconds=summary.seconds, text=str(summary))
@@ -133,7 +136,7 @@ def report():
 
 
 def test_every_op_is_swept():
-    assert set(sweeps(W.engine_limits(**LIMITS), W.model_dims(**DIMS))) == set(OP_NAMES)
+    assert set(sweeps(D.engine_limits(**LIMITS), D.model_dims(**DIMS))) == set(OP_NAMES)
 
 
 @pytest.mark.parametrize("op", OP_NAMES)
@@ -158,12 +161,12 @@ def test_the_warmup_compiled_every_kernel_op(report):
 
 def test_the_indexer_topk_sizes_reach_every_launch_variant():
     """``topk_sizes`` finds a call for every launch variant of every (rows, width) within the limits."""
-    from dsv4ops.backends.triton.indexer_topk import launch_variants
+    from dsv4ops.backends.triton.indexer_topk import launch_variants, topk_sizes
     from dsv4ops.backends.triton.tuning import Tuning
 
-    ctx = W.Context(Tuning(topk_resident=1024, topk_min_piece=64, topk_block=256, topk_threshold_min=2048), 32, 8)
-    reached = {v for R, W_ in W.topk_sizes(64, 40, 5000, ctx) for v in launch_variants(R, W_, 64, ctx.tune, 32, 8)}
-    every = {v for R in range(1, 41) for W_ in range(1, 5001) for v in launch_variants(R, W_, 64, ctx.tune, 32, 8)}
+    tune = Tuning(topk_resident=1024, topk_min_piece=64, topk_block=256, topk_threshold_min=2048)
+    reached = {v for R, W_ in topk_sizes(64, 40, 5000, tune, 32, 8) for v in launch_variants(R, W_, 64, tune, 32, 8)}
+    every = {v for R in range(1, 41) for W_ in range(1, 5001) for v in launch_variants(R, W_, 64, tune, 32, 8)}
     assert reached == every
 
 
@@ -197,11 +200,11 @@ def test_a_vendor_jit_per_size_runs_at_every_size_on_views_of_one_call(jit_by_si
     import dsv4ops
 
     runs, limit, reports = jit_by_size.runs, 37, []
-    with dsv4ops.simulate_platform("cuda", "sm90"):
+    with dsv4ops.simulate_platform("cuda", "sm90") as plat:
         summary = dsv4ops.warmup(["fp8_einsum"], dims=DIMS, limits=dict(max_tokens=limit), device="cpu",
                                  backends=["jit_by_size"], progress=lambda *a: reports.append(a))
-    layouts = len(W.representative_calls("fp8_einsum", W.model_dims(**DIMS), W.engine_limits(max_tokens=limit),
-                                         W.Context(None, 32, 4)))
+    layouts = len(W.representative_calls("fp8_einsum", D.model_dims(**DIMS), D.engine_limits(max_tokens=limit),
+                                         D.Machine(plat, "cpu", 4)))
     assert layouts == 2
     assert [r[:3] for r in runs] == [(n, n, n) for _ in range(layouts) for n in range(1, limit + 1)]
     for i in range(layouts):                                   # one allocation per tensor and layout
@@ -251,28 +254,34 @@ def test_grown_keeps_the_layout_and_repeats_the_rows():
 
 
 def test_presets_and_limits_are_checked():
-    assert W.model_dims("v4-pro", 2).heads == 64
-    assert W.model_dims("v4-flash", 1, heads=32).heads == 32
+    assert D.model_dims("v4-pro", 2).heads == 64
+    assert D.model_dims("v4-flash", 1, heads=32).heads == 32
     with pytest.raises(InputError, match="preset"):
-        W.model_dims("v3")
+        D.model_dims("v3")
     with pytest.raises(InputError, match="tp=3"):
-        W.model_dims("v4-flash", 3)
+        D.model_dims("v4-flash", 3)
     with pytest.raises(InputError, match="unknown field.*max_tokenz"):
-        W.engine_limits(max_tokenz=1)
+        D.engine_limits(max_tokenz=1)
     with pytest.raises(InputError, match="next_n=0"):
-        W.engine_limits(next_n=0)
+        D.engine_limits(next_n=0)
 
 
-def test_on_the_cpu_warmup_and_bench_cold_refuse_clearly(capsys):
-    """The interpreter compiles nothing: the API raises, the CLI says why (exit status 2)."""
+def test_on_the_cpu_warmup_returns_an_empty_summary_and_the_cli_refuses_clearly(capsys):
+    """The interpreter compiles nothing: the API (an engine's start-up line on a machine without a
+    GPU) returns an empty summary saying why, with one warning; the CLI says why (exit status 2)."""
     import dsv4ops
     from dsv4ops.cli import main as cli
-    from dsv4ops.errors import UnsupportedError
 
-    with pytest.raises(UnsupportedError, match="compiles kernels for a GPU"):
-        dsv4ops.warmup(["inv_rope_fp8_quant"], device="cpu")
+    with pytest.warns(UserWarning, match="compiles kernels for a GPU") as caught:
+        summary = dsv4ops.warmup(["inv_rope_fp8_quant"], device="cpu")
+    assert len(caught) == 1
+    assert (summary.ops, summary.variants, summary.platform) == ([], set(), str(dsv4ops.platform("cpu")))
+    assert "compiles kernels for a GPU" in summary.reason and summary.reason in str(summary)
+    with pytest.raises(InputError, match="limits: next_n=0"):             # bad input is still an error
+        dsv4ops.warmup(device="cpu", limits=dict(next_n=0))
     assert cli(["warmup", "--ops", "inv_rope_fp8_quant", "--device", "cpu"]) == 2
-    assert "compiles kernels for a GPU" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "compiles kernels for a GPU" in err and err.count("compiles kernels for a GPU") == 1
     assert cli(["warmup", "--dim", "heads=many"]) == 2
     assert "--dim 'heads=many': expected NAME=INTEGER" in capsys.readouterr().err
     assert cli(["warmup", "--topk-modes", "sideways"]) == 2

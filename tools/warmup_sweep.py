@@ -34,46 +34,46 @@ def einsum_sizes(max_tokens: int, count: int = 300) -> list[int]:
     return sorted({*range(1, min(20, max_tokens) + 1), *spread, max_tokens})
 
 
-def sweeps(index_topk: int, heads: int, o_groups: int, next_n: int, max_width: int,
-           max_tokens: int) -> dict[str, list[dict]]:
-    """Builder parameters (each op's conformance inputs) of the issue's sweeps, at V4-Flash TP1 sizes
-    (the two-level indexer's ops: V4.1's heads, candidate blocks and both index key layouts)."""
-    from dsv4ops import shapes
-    from dsv4ops.ops.candidate_blocks import CANDIDATE_BLOCK, CANDIDATE_BLOCKS
-
-    W_, k, ih = shapes.WINDOW, index_topk, shapes.INDEX_HEADS
-    blocks = dict(sparse_block=CANDIDATE_BLOCK, num_blocks=CANDIDATE_BLOCKS)
-    attention = dict(H=heads, topk=W_, layout="fp8_ds_mla", block_size=shapes.SWA_BLOCK, extra_topk=k,
-                     extra_block_size=shapes.C4_BLOCK)
+def sweeps(dims, lim) -> dict[str, list[dict]]:
+    """Builder parameters (each op's conformance inputs) of the issue's sweeps for the model ``dims``
+    within the engine limits ``lim`` (``dsv4ops.deployment``; the two-level indexer's ops: V4.1's
+    heads, candidate blocks and both index key layouts). The sweeps are this tool's own, independent
+    of the warm-up declarations they check."""
+    heads, o_groups, W_, k, ih = dims.heads, dims.o_groups, dims.window, dims.index_topk, dims.index_heads
+    next_n, max_width, max_tokens, swa_block, c4_block = (lim.next_n, lim.index_width, lim.max_tokens, lim.swa_block,
+                                                          lim.c4_block)
+    blocks = dict(sparse_block=dims.candidate_block, num_blocks=dims.candidate_blocks)
+    attention = dict(H=heads, topk=W_, layout="fp8_ds_mla", block_size=swa_block, extra_topk=k,
+                     extra_block_size=c4_block)
     grow = [int(1024 * 1.25 ** i) for i in range(40) if 1024 * 1.25 ** i <= max_width]
     return {
-        "qnorm_rope_kv_insert": [dict(T=T, H=heads, layout="fp8_ds_mla", block_size=shapes.SWA_BLOCK, num_blocks=4)
+        "qnorm_rope_kv_insert": [dict(T=T, H=heads, layout="fp8_ds_mla", block_size=swa_block, num_blocks=4)
                                  for T in range(1, 41)],
         "sparse_mla_decode": [dict(T=T, **attention) for T in range(1, 41)],
         "sparse_mla_prefill": [dict(T=T, **attention) for T in range(1, 514, 27)],
-        "paged_mqa_logits": [dict(B=B, next_n=next_n, context=c, H=ih, block_size=shapes.C4_BLOCK)
+        "paged_mqa_logits": [dict(B=B, next_n=next_n, context=c, H=ih, block_size=c4_block)
                              for B, c in zip(range(1, 41), range(256, 4001, 96))],
         "mqa_logits": [dict(T=T, S=S, H=ih) for T, S in zip(range(1, 31), range(64, 4097, 139))],
-        "fp8_einsum": [dict(B=B, H=o_groups, D=shapes.O_LORA_RANK, R=shapes.O_GROUP_K, group_major=True)
+        "fp8_einsum": [dict(B=B, H=o_groups, D=dims.o_lora_rank, R=dims.o_group_k, group_major=True)
                        for B in sorted({*range(32, 1025, 53), *einsum_sizes(max_tokens)})],
         "indexer_topk": ([dict(R=R, W=w, k=k, mode="decode2d", next_n=1)
                           for R, w in zip(range(1, 41), range(1024, 32769, 813))]
                          + [dict(R=4, W=w, k=k, mode="decode2d", next_n=1) for w in range(20000, 20041)]
                          + [dict(R=4, W=w, k=k, mode="decode2d", next_n=1) for w in grow]),
-        "compress_kv_insert": [dict(layout="fp8_ds_mla", ratio=4, block_size=shapes.C4_BLOCK, reqs=((64, t),))
+        "compress_kv_insert": [dict(layout="fp8_ds_mla", ratio=4, block_size=c4_block, reqs=((64, t),))
                                for t in range(1, 41)],
         "inv_rope_fp8_quant": [dict(T=T, H=heads, n_groups=o_groups) for T in range(1, 41)],
         "mqa_topk": [dict(T=T, S=S, H=ih, topk=k) for T, S in zip(range(1, 31), range(k, 4097, 123))],
-        "paged_mqa_topk": [dict(B=B, next_n=next_n, context=c, H=ih, block_size=shapes.C4_BLOCK, topk=k)
+        "paged_mqa_topk": [dict(B=B, next_n=next_n, context=c, H=ih, block_size=c4_block, topk=k)
                            for B, c in zip(range(1, 41), range(600, 4001, 87))],
         "candidate_blocks": ([dict(R=R, W=w, mode="ranges", **blocks)
                               for R, w in zip(range(1, 41), range(1024, 32769, 813))]
                              + [dict(R=4 * next_n, W=w, mode="decode2d", next_n=next_n, **blocks)
                                 for w in range(20000, 20041)]),
-        "sparse_mqa_logits": [dict(T=T, S=S, H=shapes.V41_INDEX_HEADS, clean=T % 2 == 0, **blocks)
+        "sparse_mqa_logits": [dict(T=T, S=S, H=dims.v41_index_heads, clean=T % 2 == 0, **blocks)
                               for T, S in zip(range(1, 31), range(64, 4097, 139))],
-        "paged_sparse_mqa_logits": [dict(B=B, next_n=next_n, context=c, H=shapes.V41_INDEX_HEADS,
-                                         block_size=shapes.C4_BLOCK, layout=lay, **blocks)
+        "paged_sparse_mqa_logits": [dict(B=B, next_n=next_n, context=c, H=dims.v41_index_heads,
+                                         block_size=c4_block, layout=lay, **blocks)
                                     for B, c in zip(range(1, 41), range(256, 4001, 96))
                                     for lay in ("index_fp8", "index_mxfp4")],
     }
@@ -121,14 +121,14 @@ def run(args, out, cache: str) -> int:
     import dsv4ops
     from dsv4ops import jit_monitor
     from dsv4ops.ops import OPS
-    from dsv4ops.warm_up import engine_limits, model_dims
+    from dsv4ops.deployment import engine_limits, model_dims
 
     if not torch.cuda.is_available():
         print("tools/warmup_sweep.py needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda", torch.cuda.current_device())
     limits = dict(max_tokens=args.max_tokens, max_context=args.max_context, next_n=args.next_n)
-    dims = model_dims("v4-flash", 1)
+    dims, lim = model_dims("v4-flash", 1), engine_limits(**limits)
     start = time.perf_counter()
     summary = dsv4ops.warmup(model="v4-flash", tp=1, limits=limits, device=device)
     warmup_s = time.perf_counter() - start
@@ -136,12 +136,11 @@ def run(args, out, cache: str) -> int:
     jit_monitor.set_mode("count")
     jit_monitor.clear()
     gen = torch.Generator().manual_seed(0)
-    width = engine_limits(**limits).index_width
     report = dict(device=torch.cuda.get_device_name(device), platform=str(dsv4ops.platform(device)),
                   libraries=dict(dsv4ops.platform(device).libraries), limits=limits, warmup_s=warmup_s,
                   warmup_variants=len(summary.variants), cache_dir=cache, sweeps={})
     failed = False
-    for op, calls in sweeps(dims.index_topk, dims.heads, dims.o_groups, args.next_n, width, args.max_tokens).items():
+    for op, calls in sweeps(dims, lim).items():
         before = len(jit_monitor.compiles())
         rows = []
         for params, kwargs in sized_calls(op, calls, device, gen):
@@ -166,7 +165,7 @@ def run(args, out, cache: str) -> int:
               f"({', '.join(report['sweeps'][op]['backends'])})", flush=True)
     json.dump(report, out, indent=1)
     out.close()
-    print(f"warm-up {warmup_s:.1f} s, {len(summary.variants)} Triton variants; "
+    print(f"warm-up {warmup_s:.1f} s, {len(summary.variants)} variants compiled; "
           f"{'FAILED: compiles or stalls after warm-up' if failed else 'no compile and no stall after warm-up'}")
     return 1 if failed else 0
 

@@ -31,11 +31,19 @@ def probe() -> str | None:
     return reason
 
 
+def warmup_session(machine, workers, on_compile):
+    """Warm-up: Triton launches compile without running (warmup.py, which imports Triton)."""
+    from .warmup import session
+
+    return session(machine, workers, on_compile)
+
+
 BACKEND = register_backend(Backend(
     "triton", ("cuda", "rocm", "xpu", "cpu"),
     probe=probe,
     description="portable Triton kernels (any Triton target; CPU via the interpreter)",
     context=target,
+    warmup_session=warmup_session,
 ))
 
 
@@ -109,12 +117,18 @@ def mxfp4_bf16_dots(plat: Platform, call) -> str | None:
     return None
 
 
+def implements(op: str, supports, **options) -> None:
+    """Register ``op``'s wrapper ``backends/triton/<op>.py:<op>``, with its module's warm-up
+    declaration ``warmup_calls(dims, limits, machine)``."""
+    module = f"dsv4ops.backends.triton.{op}"
+    BACKEND.implements(op, f"{module}:{op}", supports=supports, warmup=f"{module}:warmup_calls", **options)
+
+
 def implements_both_paths(op: str, supports) -> None:
     """Register ``op``'s wrapper twice: the FP8 path and the software fp8 path, each behind
     ``supports`` and its own path check."""
-    target_fn = f"dsv4ops.backends.triton.{op}:{op}"
-    BACKEND.implements(op, target_fn, supports=all_of(supports, fp8_in_hardware))
-    BACKEND.implements(op, target_fn, name="triton (fp8 in software)", supports=all_of(supports, fp8_in_software))
+    implements(op, all_of(supports, fp8_in_hardware))
+    implements(op, all_of(supports, fp8_in_software), name="triton (fp8 in software)")
 
 
 implements_both_paths("qnorm_rope_kv_insert", all_of(runs_here, fp8_flavour_matches))
@@ -147,12 +161,12 @@ def topk_grid_fits(plat: Platform, call) -> str | None:
 implements_both_paths("paged_mqa_logits", all_of(runs_here, logits_grid_fits, mxfp4_bf16_dots))
 implements_both_paths("paged_mqa_topk", all_of(runs_here, topk_grid_fits, mxfp4_bf16_dots))
 implements_both_paths("fp8_einsum", runs_here)
-BACKEND.implements("indexer_topk", "dsv4ops.backends.triton.indexer_topk:indexer_topk", supports=runs_here)
+implements("indexer_topk", runs_here)
 implements_both_paths("inv_rope_fp8_quant", runs_here)
 implements_both_paths("compress_kv_insert", runs_here)
 implements_both_paths("mqa_logits", all_of(runs_here, fp8_flavour_matches, mxfp4_bf16_dots))
 implements_both_paths("mqa_topk", all_of(runs_here, fp8_flavour_matches, mxfp4_bf16_dots))
-BACKEND.implements("candidate_blocks", "dsv4ops.backends.triton.candidate_blocks:candidate_blocks", supports=runs_here)
+implements("candidate_blocks", runs_here)
 
 
 def mxfp4_keys_need_bf16(plat: Platform, call) -> str | None:

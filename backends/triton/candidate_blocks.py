@@ -121,3 +121,11 @@ def candidate_blocks(target: Target, a):
         lens.stride(-1), RANGED=ranged, LENS_2D=lens_2d, BLOCK_PAD=block_pad, TILE=tile)
     _select_kernel[(R,)](keys, out, counts, nb, a.num_blocks, TILE=TILE)
     return out, counts
+
+
+def warmup_calls(dims, limits, machine) -> list[dict]:
+    """Warm-up (``dsv4ops.warmup``): the row forms (``topk_modes``) and the logits' row pitch W: 1, a
+    multiple of 16 or neither (Triton's classes); the widths and the block count are not specialized."""
+    blocks = dict(sparse_block=dims.candidate_block, num_blocks=dims.candidate_blocks)
+    return [dict(R=step, W=W, mode=mode, next_n=step, **blocks) for W in (1, 16, 17)
+            for mode in limits.topk_modes for step in (1 if mode == "ranges" else limits.next_n,)]

@@ -281,3 +281,12 @@ def compress_kv_insert(target: Target, a):
                                     INLINE=a.layout.inline, FP8_MAX=FP8_MAX["ocp"], TOKENS=per, FP8_SOFT=target.fp8_soft,
                                     LATENT=a.latent is not None, num_warps=warps)
     return None
+
+
+def warmup_calls(dims, limits, machine) -> list[dict]:
+    """Warm-up (``dsv4ops.warmup``): the C4 and C128 attention caches of each layout that has them,
+    and the indexer's C4 cache (tokens and the state table's pitch are not specialized)."""
+    kinds = [(lay, 4, limits.c4_block) for lay in limits.layouts if lay == "fp8_ds_mla"]
+    kinds += [(lay, 128, limits.c128_block) for lay in limits.layouts if lay == "fp8_ds_mla"]
+    kinds.append(("index_fp8", 4, limits.c4_block))
+    return [dict(layout=lay, ratio=r, block_size=bs, reqs=((0, r),)) for lay, r, bs in kinds]

@@ -126,3 +126,10 @@ def fp8_einsum(target: Target, args):
         num_warps=tune.einsum_warps, num_stages=tune.einsum_stages,
     )
     return out
+
+
+def warmup_calls(dims, limits, machine) -> list[dict]:
+    """Warm-up (``dsv4ops.warmup``): one variant per layout of ``a`` (B is not specialized); ``out``
+    given, so that a vendor run at every size (``jit_per_size``) writes views of one output."""
+    return [dict(B=min(4, limits.max_tokens), H=dims.o_groups, D=dims.o_lora_rank, R=dims.o_group_k, group_major=g,
+                 out=True) for g in (False, True)]

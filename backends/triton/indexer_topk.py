@@ -34,7 +34,7 @@ from .common import let_dependents_launch, pdl_launch, wait_for_prior_grid
 from .kth import kth_largest, live_key, pad, resident_warps, selection_slots, sort_key
 from .threshold_topk import (append_at_least, collect, collected, count_pointer, filter_columns, load_tau, sample_columns,
                              sample_threshold, store_state)
-from .tuning import Target
+from .tuning import Target, tuning, warp_lanes
 
 
 @triton.jit
@@ -378,3 +378,46 @@ def _launch(rows, bound, mode, tune, lanes, k, grid, cand, cand_stride, n_cand, 
                                MODE=mode, GATHER=gather,
                                LOCAL=local, BLOCK=block, RESIDENT=resident, num_warps=warps)
 
+
+def warmup_calls(dims, limits, machine) -> list[dict]:
+    """Warm-up (``dsv4ops.warmup``): per row mode (``topk_modes``), the (rows, width) calls of
+    ``topk_sizes`` up to ``max_tokens`` rows and the widest indexer row."""
+    tune, lanes = tuning(machine.platform), warp_lanes(machine.platform)
+    calls = []
+    for mode in limits.topk_modes:
+        step = 1 if mode == "ranges" else limits.next_n
+        for R, W in topk_sizes(dims.index_topk, limits.max_tokens, limits.index_width, tune, lanes, machine.sms, step):
+            calls.append(dict(R=R, W=W, k=dims.index_topk, mode=mode, next_n=step))
+    return calls
+
+
+@functools.lru_cache(maxsize=16)
+def topk_sizes(k: int, max_rows: int, max_width: int, tune, lanes: int, sms: int,
+               step: int = 1) -> tuple[tuple[int, int], ...]:
+    """(rows, width) calls, rows a multiple of ``step`` (MTP rows per request), that together reach
+    every launch variant (``launch_variants``: one launch, or pieces then candidates, each resident
+    at a power-of-two width class or streamed; or the threshold path, whose sample grows with the
+    width's power-of-two class) up to the limits. Widths: powers of two, p times them (pieces of
+    exactly that class), one more and 16 more (row pitch classes 1 and 16 just past a class
+    boundary); rows: the smallest of each ``cdiv(sms, rows)`` class (fewer rows split more), and the
+    most."""
+    row_set = {min(max_rows, -(-max_rows // step) * step)}
+    for r in range(step, min(max_rows, sms + step) + 1, step):
+        row_set.add(r)
+    by_class = {}
+    for r in sorted(row_set):
+        by_class.setdefault(-(-sms // r) if r < sms else 0, r)
+    pieces = max(-(-max_width // tune.topk_resident), sms)
+    widths = {max_width}
+    b = 1
+    while b <= max_width:
+        widths.update(w for p in range(1, pieces + 1) for w in (p * b, p * b + 1, p * b + 16) if w <= max_width)
+        b *= 2
+    seen, calls = set(), []
+    for r in by_class.values():
+        for w in sorted(widths):
+            new = set(launch_variants(r, w, k, tune, lanes, sms)) - seen
+            if new:
+                seen |= new
+                calls.append((r, w))
+    return tuple(calls)

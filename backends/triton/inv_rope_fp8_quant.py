@@ -58,3 +58,8 @@ def inv_rope_fp8_quant(target: Target, a):
         FP8_SOFT=target.fp8_soft, num_warps=tune.inv_rope_warps,
     )
     return values, scales
+
+
+def warmup_calls(dims, limits, machine) -> list[dict]:
+    """Warm-up (``dsv4ops.warmup``): one call (T is not specialized)."""
+    return [dict(T=2, H=dims.heads, n_groups=dims.o_groups)]

@@ -137,3 +137,8 @@ def operands(target: Target, a):
     else:
         q, k = (e4m3_decode(a.q), e4m3_decode(a.k[None])[0]) if target.fp8_soft else (a.q, a.k)
     return q, k, keys_mxfp4, a.q.dtype == torch.uint8, max(16, triton.next_power_of_2(a.q.shape[1]))
+
+
+def warmup_calls(dims, limits, machine) -> list[dict]:
+    """Warm-up (``dsv4ops.warmup``): the clean flag (T and S are not specialized)."""
+    return [dict(T=4, S=256, H=dims.index_heads, clean=c) for c in (False, True)]

@@ -21,7 +21,7 @@ from . import streaming_topk
 from .indexer_topk import indexer_topk
 from .mqa_logits import mqa_logits, operands, query_block, tile_logits
 from .streaming_topk import finish, live_keys, offer
-from .tuning import Target, fused_chunk_budget
+from .tuning import Target, fused_chunk_budget, tuning
 
 
 @triton.jit(do_not_specialize=["T"], do_not_specialize_on_alignment=["ks_ptr", "ke_ptr"])
@@ -73,3 +73,10 @@ def _chunked(target: Target, a, out, budget: int):
     for logits_kw, topk_kw in composition.prefill_steps(a, out, budget):
         indexer_topk(target, topk_args(logits=mqa_logits(target, logits_args(**logits_kw)), **topk_kw))
     return out
+
+
+def warmup_calls(dims, limits, machine) -> list[dict]:
+    """Warm-up (``dsv4ops.warmup``): a call per pieces count of the fused plan (``fused_topk_rows``)."""
+    tune, k = tuning(machine.platform), dims.index_topk
+    return [dict(T=rows, S=256, H=dims.index_heads, topk=k)
+            for rows in streaming_topk.fused_topk_rows(k, tune.mqa_block_s, limits.max_tokens, tune, machine.sms)]

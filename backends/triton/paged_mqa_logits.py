@@ -139,3 +139,10 @@ def paged_mqa_logits(target: Target, a):
         num_warps=tune.logits_warps,
     )
     return out
+
+
+def warmup_calls(dims, limits, machine) -> list[dict]:
+    """Warm-up (``dsv4ops.warmup``): the lengths' form and the clean flag (widths and the table's
+    pitch are not specialized)."""
+    return [dict(B=1, next_n=limits.next_n, context=2 * limits.c4_block, H=dims.index_heads,
+                 block_size=limits.c4_block, lens_dim=d, clean=c) for d in (1, 2) for c in (False, True)]

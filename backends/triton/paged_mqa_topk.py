@@ -20,7 +20,7 @@ from . import streaming_topk
 from .indexer_topk import indexer_topk
 from .paged_mqa_logits import key_tile, paged_mqa_logits, queries, row_limits, tile_logits
 from .streaming_topk import finish, live_keys, offer
-from .tuning import Target, fused_chunk_budget
+from .tuning import Target, fused_chunk_budget, tuning
 
 
 @triton.jit(do_not_specialize=["stride_t0"], do_not_specialize_on_alignment=["lens_ptr", "table_ptr"])
@@ -76,3 +76,16 @@ def _chunked(target: Target, a, out, budget: int):
     for logits_kw, topk_kw in composition.paged_steps(a, out, budget):
         indexer_topk(target, topk_args(logits=paged_mqa_logits(target, logits_args(**logits_kw)), **topk_kw))
     return out
+
+
+def warmup_calls(dims, limits, machine) -> list[dict]:
+    """Warm-up (``dsv4ops.warmup``): requests whose logits fit ``fused_chunk_bytes`` run logits and
+    top-k in chunks (their variants are those two ops'); longer ones, where the limits allow them,
+    the fused kernel, at a call per pieces count of its plan (``fused_topk_rows``) and lengths' form."""
+    tune, n, k = tuning(machine.platform), limits.next_n, dims.index_topk
+    contexts = [2 * limits.c4_block]
+    if n * limits.index_width * 4 > tune.fused_chunk_bytes:
+        contexts.append(limits.index_width)
+    rows = streaming_topk.fused_topk_rows(k, tune.logits_block_t, limits.max_tokens, tune, machine.sms, n)
+    return [dict(B=r // n, next_n=n, context=c, H=dims.index_heads, block_size=limits.c4_block, lens_dim=d, topk=k)
+            for c in contexts for r in rows for d in (1, 2)]

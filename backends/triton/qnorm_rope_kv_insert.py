@@ -132,3 +132,8 @@ def qnorm_rope_kv_insert(target: Target, a):
         INLINE=layout.inline, num_warps=tune.insert_warps,
     )
     return out
+
+
+def warmup_calls(dims, limits, machine) -> list[dict]:
+    """Warm-up (``dsv4ops.warmup``): one call per cache layout (T and the KV rows are not specialized)."""
+    return [dict(T=2, H=dims.heads, layout=lay, block_size=limits.swa_block) for lay in limits.layouts]

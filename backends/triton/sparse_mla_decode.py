@@ -298,3 +298,15 @@ def _or(t, placeholder):
 def _stride(t) -> int:
     """Element stride of an optional 1-D tensor (0 for None)."""
     return t.stride(0) if t is not None else 0
+
+
+def warmup_calls(dims, limits, machine) -> list[dict]:
+    """Warm-up (``dsv4ops.warmup``; sparse_mla_prefill's too): T=1 splits the index list across
+    programs (few programs), T=sms does not; SWA-only, SWA + C4 (the indexer's top-k) and SWA + C128
+    (every compressed token) layers, per cache layout."""
+    extras = ((0, limits.c4_block), (dims.index_topk, limits.c4_block),
+              (-(-limits.max_context // 128), limits.c128_block))
+    return [dict(T=T, H=dims.heads, topk=dims.window, layout=lay, block_size=limits.swa_block, extra_topk=xt,
+                 extra_block_size=xb)
+            for T in sorted({1, max(1, min(limits.max_tokens, machine.sms))}) for lay in limits.layouts
+            for xt, xb in extras]

@@ -9,6 +9,7 @@ The index list is split across programs only when T x head tiles cannot fill the
 """
 from __future__ import annotations
 
+from . import sparse_mla_decode
 from .sparse_mla_decode import attend
 from .tuning import Target
 
@@ -17,3 +18,8 @@ def sparse_mla_prefill(target: Target, a):
     tune = target.tuning
     return attend(a, tune.prefill_block_h, tune.prefill_block_k, tune.prefill_warps, tune.prefill_stages,
                   tune.decode_waves, target.fp8_soft)
+
+
+def warmup_calls(dims, limits, machine) -> list[dict]:
+    """Warm-up (``dsv4ops.warmup``): sparse_mla_decode's calls (the same kernel, ``attend``)."""
+    return sparse_mla_decode.warmup_calls(dims, limits, machine)

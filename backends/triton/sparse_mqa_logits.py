@@ -125,3 +125,10 @@ def launch(target: Target, a, q, cache, scale, lens, ke, table, paged: bool, mxf
 
 def sparse_mqa_logits(target: Target, a):
     return launch(target, a, a.q, a.k, a.k_scale, a.ks, a.ke, a.ks, paged=False, mxfp4=False)
+
+
+def warmup_calls(dims, limits, machine) -> list[dict]:
+    """Warm-up (``dsv4ops.warmup``): the clean flag at the model's V4.1 index heads and candidate
+    blocks (T, S and the table's pitch are not specialized)."""
+    blocks = dict(sparse_block=dims.candidate_block, num_blocks=dims.candidate_blocks)
+    return [dict(T=4, S=4 * dims.candidate_block, H=dims.v41_index_heads, clean=c, **blocks) for c in (False, True)]

@@ -136,3 +136,14 @@ def merge(target: Target, p: Plan, ws: torch.Tensor, k: int, out: torch.Tensor, 
                            0 if starts is None else starts.stride(0), CAP=p.cap, BLOCK=p.merge_block,
                            HAS_STARTS=starts is not None, num_warps=stage_warps(p.merge_block, target))
     return out
+
+
+def fused_topk_rows(k: int, tile: int, max_rows: int, tune, sms: int, step: int = 1) -> tuple[int, ...]:
+    """Warm-up: row counts (multiples of ``step``, at most ``max_rows``) that together reach every
+    pieces count of ``plan`` (it sets the merge's block and specializes ``pieces == 1``): the fewest
+    rows of each."""
+    by_pieces = {}
+    most = min(max_rows, tune.fused_programs_per_sm * sms + step)
+    for rows in range(step, max(most, step) + 1, step):
+        by_pieces.setdefault(plan(rows, k, tile, tune, sms).pieces, rows)
+    return tuple(by_pieces.values())
