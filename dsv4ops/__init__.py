@@ -43,7 +43,8 @@ def warmup(ops=None, **options):
     """Compile every kernel variant ``ops`` (default: all) can meet within an engine's limits, for
     every selected backend, before serving: ``dsv4ops.warmup(model="v4-flash", tp=1,
     limits=dict(max_tokens=8192, max_context=131072, next_n=2))``. Returns a summary (variants,
-    time, Triton cache); the options are ``dsv4ops.warm_up.warmup``'s. Imports Triton (on call)."""
+    time, cache folder; on a machine without a GPU an empty one whose ``reason`` says why, and a
+    warning); the options are ``dsv4ops.warm_up.warmup``'s. Imports Triton (on call)."""
     from .warm_up import warmup as run
 
     return run(ops, **options)

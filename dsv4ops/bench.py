@@ -376,7 +376,7 @@ def first_calls(op_names: list[str], backend_names: list[str], warm: bool) -> di
     the first and second call's time (ms) of its typical call through dispatch."""
     import dsv4ops
 
-    from .warm_up import model_dims
+    from .deployment import model_dims
 
     device = torch.device("cuda", torch.cuda.current_device())
     result = dict(warmup_s=None, ops={})

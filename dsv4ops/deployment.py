@@ -9,7 +9,6 @@ from typing import Any
 
 from . import formats, shapes
 from .errors import InputError
-from .ops.candidate_blocks import CANDIDATE_BLOCK, CANDIDATE_BLOCKS
 
 PRESETS = {"v4-flash": "flash", "v4-pro": "pro"}
 TP_DEGREES = (1, 2, 4, 8)
@@ -28,8 +27,8 @@ class ModelDims:
     o_lora_rank: int = shapes.O_LORA_RANK   # fp8_einsum's D
     o_group_k: int = shapes.O_GROUP_K       # fp8_einsum's R
     v41_index_heads: int = shapes.V41_INDEX_HEADS   # the two-level indexer's heads (V4.1)
-    candidate_block: int = CANDIDATE_BLOCK      # positions per candidate block (candidate_blocks' sparse_block)
-    candidate_blocks: int = CANDIDATE_BLOCKS    # candidate blocks per row (candidate_blocks' num_blocks)
+    candidate_block: int = shapes.CANDIDATE_BLOCK      # positions per candidate block (candidate_blocks' sparse_block)
+    candidate_blocks: int = shapes.CANDIDATE_BLOCKS    # candidate blocks per row (candidate_blocks' num_blocks)
 
 
 def model_dims(preset: str = "v4-flash", tp: int = 1, **overrides) -> ModelDims:
