@@ -5,7 +5,8 @@ arguments and optionally a file of forced tokens (a previous run's OUT). Greedy 
 processor records every row of logits vLLM samples from and, when tokens are forced, replaces the
 row with one that makes the forced token the greedy choice, so that this run sees exactly the token
 sequence of the run it is compared with (teacher forcing). OUT: {"logits": [[steps, vocab] fp32 per
-prompt], "tokens": [[ids] per prompt], "routed_calls": {op: calls} or None, "seconds": {...}}.
+prompt], "tokens": [[ids] per prompt], "routed_calls": {op: calls} or None, "mixed_steps": steps in which some
+requests were still prefilling while others decoded, "seconds": {...}}.
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that the processor and the
 plugin's counters live here.
 """
@@ -26,6 +27,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 KEY = "dsv4ops_prompt"          # SamplingParams.extra_args key naming the prompt
 RECORDED: dict[tuple[int, int], torch.Tensor] = {}   # (prompt, step) -> the row of logits
 FORCED: list[list[int]] | None = None                 # per prompt, the token to force at each step
+MIXED_STEPS = [0]                                     # steps that sampled prefilling and decoding requests
 
 
 class TeacherForcing(LogitsProcessor):
@@ -56,6 +58,8 @@ class TeacherForcing(LogitsProcessor):
                 self.rows[a] = rb
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        prefilling = sum(not output_ids for _, output_ids in self.rows.values())
+        MIXED_STEPS[0] += 0 < prefilling < len(self.rows)
         for index, (prompt, output_ids) in self.rows.items():
             if index >= logits.shape[0]:
                 continue
@@ -97,7 +101,7 @@ def main(spec_path: str, out_path: str):
     calls = routed_calls()
     if calls is not None and calls_before is not None:
         calls = {op: n - calls_before.get(op, 0) for op, n in calls.items()}
-    torch.save({"logits": logits, "tokens": tokens, "routed_calls": calls,
+    torch.save({"logits": logits, "tokens": tokens, "routed_calls": calls, "mixed_steps": MIXED_STEPS[0],
                 "seconds": {"init": started - start, "generate": done - started}}, out_path)
 
 

@@ -47,6 +47,7 @@ def test_native_run_routes_nothing(native, routed_ops):
     assert native["routed_calls"] is not None, NO_COUNTERS
     assert not any(native["routed_calls"].get(op, 0) for op in routed_ops), native["routed_calls"]
     assert [len(t) for t in native["tokens"]] == NEW_TOKENS
+    assert native["mixed_steps"] > 0, "no step decoded beside a prefill"
 
 
 @pytest.mark.parametrize("backend", list(PLUGIN_CONFIGS))
