@@ -6,17 +6,19 @@ Every flag is checked, and output files are opened, before anything runs; a bad 
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import importlib.util
 import json
 import os
 import sys
 import textwrap
+import time
 import warnings
 
 import torch
 
-from . import OP_NAMES, backends, decide, platform, registry
+from . import OP_NAMES, __version__, backends, decide, platform, registry
 from ._table import render_table
 from .errors import Dsv4opsError
 from .platform import default_device
@@ -117,11 +119,14 @@ def cmd_info(args) -> int:
 
     device = default_device()
     plat = platform(device)
+    print(f"dsv4ops {__version__}")
     print(f"platform: {plat}")
     for module, version in plat.libraries:
         print(f"  {module}: {version}")
     print(textwrap.fill(f"FlashMLA / DeepGEMM wheels {install_hint()}", INFO_WIDTH, subsequent_indent="    ",
                         break_on_hyphens=False))
+    from .integrations.vllm import status as vllm_plugin_status
+    print(vllm_plugin_status())
     print()
     infos, rows = backends(), []
     for b in infos:
@@ -133,8 +138,9 @@ def cmd_info(args) -> int:
         if args.verbose:
             print(_fit(f"  {b.name}: {b.description}", True))
         if b.reason:
-            print(_fit(f"  {b.name} unavailable: {b.reason}", args.verbose))
+            print(_fit(f"  {b.name} unavailable: {b.reason}", True))     # ends in what to install: never cut
     print()
+    unserved = []
     for op in OP_NAMES:
         case = typical_case(op)
         decision = decide(OPS[op].validate_call(**case.build(device, seed=0)))
@@ -142,12 +148,22 @@ def cmd_info(args) -> int:
         for line in str(decision).splitlines():
             print(_fit("  " + line, args.verbose))
         print()
-    return 0
+        if decision.selected is None:
+            unserved.append(op)
+    if not unserved:
+        print(f"every op has an implementation here ({len(OP_NAMES)} of {len(OP_NAMES)})")
+        return 0
+    print(textwrap.fill(f"no implementation serves {len(unserved)} of {len(OP_NAMES)} ops here: {', '.join(unserved)} "
+                        f"(the reasons above; a DSV4OPS_BACKEND pin?)", INFO_WIDTH), file=sys.stderr)
+    return 1 if args.check else 0
+
+
+CHECK_WIDTH = 120
 
 
 def cmd_check(args) -> int:
-    from .backend_support import triton_interpreter_enabled
-    from .conformance import LEGEND, result_rows, select_cases, summarize, to_json
+    from .backend_support import interpreter_on_cpu
+    from .conformance import LEGEND, result_rows, select_cases, summarize, to_json, unavailable_backends
 
     device = parse_device(args.device)
     ops, names = parse_ops(args.ops), parse_backends(args.backends)
@@ -160,19 +176,33 @@ def cmd_check(args) -> int:
     case_list = select_cases(ops, args.tier, args.case)
     if not case_list:
         raise UsageError("no case matches" + (f" --case {args.case!r}" if args.case else ""))
+    if args.tier == "full" and device.type == "cpu" and not args.allow_cpu_full:
+        raise UsageError("--tier full: the production shapes are GPU-sized; through the reference and the Triton "
+                         "interpreter on a CPU they would run for hours. Run it on a GPU, or pass --allow-cpu-full")
     json_file = open_output(args.json, "--json")
-    if device.type == "cpu" and not triton_interpreter_enabled() and not args.no_interpreter:
-        os.environ["TRITON_INTERPRET"] = "1"          # read when the Triton kernels are first imported
-        print("no accelerator: the Triton kernels run through Triton's interpreter (TRITON_INTERPRET=1)")
+    if not args.no_interpreter:
+        interpreter_on_cpu(device, "dsv4ops check")
+    unavailable = unavailable_backends(names, device)
+    names = [n for n in names if n not in unavailable]
+    start = time.perf_counter()
     results = _run_with_progress(case_list, names, device, args.seed, args.repeat)
+    seconds = time.perf_counter() - start
     cells = summarize(result_rows(results))
     plat = platform(device)
-    print(f"conformance, tier {args.tier}, on {plat}")
-    print(render_table(("backend", *ops), _matrix_rows(cells, names, ops)))
-    print("\n".join(textwrap.wrap(LEGEND, 118)))
+    print(f"conformance, tier {args.tier}, on {plat}: {len(case_list)} cases in {seconds:.0f} s")
+    for table in _matrix_tables(cells, names, ops):
+        print(table)
+    print(textwrap.fill(LEGEND, CHECK_WIDTH))
+    for name, reason in unavailable.items():
+        print("  " + textwrap.shorten(f"not run: {name}: {reason}", CHECK_WIDTH - 2))
     declined = {(n, op): c.reason for (n, op), c in sorted(cells.items()) if c.text == "declined"}
     for (name, op), reason in declined.items():
-        print(textwrap.shorten(f"  declined {name} {op}: {reason}", 118))
+        print("  " + textwrap.shorten(f"declined {name} {op}: {reason}", CHECK_WIDTH - 2))
+    if args.repeat > 1:
+        print(textwrap.fill(f"--repeat {args.repeat}: every passing case was launched {args.repeat} times"
+                            + (" and replayed from a CUDA graph" if device.type == "cuda" else "")
+                            + "; each launch's results and written arguments were compared bit for bit with the "
+                              "first's (a difference fails the case)", CHECK_WIDTH))
     failures = [r for r in results if r.status in ("fail", "error")]
     for r in failures:
         print(f"\n{r.status.upper()} {r.backend} {r.case.id}\n  {r.message}\n  rerun: {r.reproducer()}")
@@ -183,7 +213,8 @@ def cmd_check(args) -> int:
         with json_file:
             json_file.write(to_json(results, meta))
     passed = sum(r.status == "pass" for r in results)
-    print(f"\n{passed} passed, {len(failures)} failed, {sum(r.status == 'skip' for r in results)} skipped")
+    print(f"\n{passed} passed, {len(failures)} failed, {sum(r.status == 'skip' for r in results)} declined "
+          f"(cases an implementing backend cannot serve here)")
     if failures:
         return 1
     if not passed:
@@ -192,22 +223,60 @@ def cmd_check(args) -> int:
     return 0
 
 
-def _matrix_rows(cells, names, ops) -> list[tuple[str, ...]]:
-    return [(name, *(cells[(name, op)].text if (name, op) in cells else "-" for op in ops)) for name in names]
+def _matrix_tables(cells, names, ops) -> list[str]:
+    """The result matrix, ops as rows and backends as columns, split into as many tables (each
+    with the op column) as keep every line within CHECK_WIDTH columns."""
+    table = lambda group: render_table(("op", *group), [(op, *(cells[(n, op)].text if (n, op) in cells else "-"
+                                                               for n in group)) for op in ops])
+    tables, group = [], []
+    for name in names:
+        if group and max(map(len, table(group + [name]).splitlines())) > CHECK_WIDTH:
+            tables.append(table(group))
+            group = []
+        group.append(name)
+    return tables + [table(group)]
 
 
 def _run_with_progress(case_list, names, device, seed, repeat):
+    """run_matrix with a progress bar on a terminal, else a line on stderr per op checked (CI logs)."""
     from .conformance import run_matrix
 
-    total = len(case_list) * len(names)
-    try:
-        from rich.progress import Progress
-    except ImportError:
-        return run_matrix(case_list, names, device, seed, repeat=repeat)
-    with Progress(transient=True) as progress:
-        task = progress.add_task("checking", total=total)
-        return run_matrix(case_list, names, device, seed, repeat=repeat,
-                          progress=lambda r: progress.update(task, advance=1, description=f"{r.backend} {r.case.op}"))
+    if sys.stderr.isatty():
+        try:
+            from rich.progress import Progress
+        except ImportError:
+            pass
+        else:
+            with Progress(transient=True) as progress:
+                task = progress.add_task("checking", total=len(case_list) * len(names))
+                return run_matrix(case_list, names, device, seed, repeat=repeat, progress=lambda r: progress.update(
+                    task, advance=1, description=f"{r.backend} {r.case.op}"))
+    lines = _ProgressLines()
+    results = run_matrix(case_list, names, device, seed, repeat=repeat, progress=lines)
+    lines.flush()
+    return results
+
+
+class _ProgressLines:
+    """One line on stderr per op checked: the progress of a run whose stderr is no terminal (CI
+    logs, ``| tee``). Results arrive op after op."""
+
+    def __init__(self):
+        self.op, self.results, self.start = None, [], time.perf_counter()
+
+    def __call__(self, result) -> None:
+        if result.case.op != self.op:
+            self.flush()
+        self.op = result.case.op
+        self.results.append(result)
+
+    def flush(self) -> None:
+        if self.results:
+            counts = collections.Counter(r.status for r in self.results)
+            print(f"checked {self.op}: {counts['pass']} passed, {counts['fail'] + counts['error']} failed, "
+                  f"{counts['skip']} declined ({time.perf_counter() - self.start:.0f} s so far)", file=sys.stderr,
+                  flush=True)
+        self.results = []
 
 
 def cmd_bench(args) -> int:
@@ -291,14 +360,27 @@ def cmd_warmup(args) -> int:
     return 0
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Adds an option's default to its help, unless the help states it already."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or any(action.default is unset for unset in (None, False, argparse.SUPPRESS)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="dsv4ops", description="DeepSeek-V4 attention ops across vendor backends",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"dsv4ops {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    command = lambda name, text: sub.add_parser(name, help=text, description=text,
-                                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    command = lambda name, text: sub.add_parser(name, help=text, description=text, formatter_class=HelpFormatter)
     info = command("info", "platform, backends, and what each op dispatches to (lines of at most 120 columns)")
     info.add_argument("--verbose", action="store_true", help="backend descriptions and every reason in full")
+    info.add_argument("--check", action="store_true",
+                      help="a preflight: exit status 1 when an op has no implementation here (a DSV4OPS_BACKEND pin "
+                           "to a backend that cannot serve it, say); 0 otherwise")
     info.set_defaults(fn=cmd_info)
 
     check = command("check", "conformance of every available backend against the reference")
@@ -316,6 +398,8 @@ def main(argv=None) -> int:
                             "every result must be bitwise identical to the first call's")
     check.add_argument("--no-interpreter", action="store_true",
                        help="on a CPU device, do not run the Triton kernels through TRITON_INTERPRET=1")
+    check.add_argument("--allow-cpu-full", action="store_true",
+                       help="run --tier full on a CPU device anyway (hours; refused without this flag)")
     check.set_defaults(fn=cmd_check)
 
     bench = command("bench", "time every available backend side by side")

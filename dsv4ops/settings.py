@@ -25,6 +25,8 @@ VARIABLES = {
     "DSV4OPS_TUNING_TABLE": "a selection table written by `dsv4ops tune`, consulted before priorities",
     "DSV4OPS_VERIFY": "re-run a sampled fraction of calls on the reference (docs/verify.md)",
     "DSV4OPS_JIT_MONITOR": "off|warn|error: report a Triton compile of a dsv4ops kernel (after warm-up)",
+    "DSV4OPS_VLLM": "1/true/yes/on: the vLLM plugin routes DeepSeek-V4 attention through dsv4ops (default off)",
+    "DSV4OPS_VLLM_NATIVE": "op1,op2: dsv4ops ops whose vLLM step keeps vLLM's own kernels (docs/integration.md)",
 }
 
 # Variables the test suite and CI read (not dsv4ops): known names, so never warned about.
@@ -85,6 +87,8 @@ class Settings:
     tuning_table: str = ""
     verify: VerifyConfig = VerifyConfig()
     jit_monitor: str = "off"
+    vllm: bool = False
+    vllm_native: tuple[str, ...] = ()
 
 
 def parse_flag(name: str, value: str) -> bool:
@@ -132,6 +136,8 @@ def read_environment() -> Settings:
         tuning_table=env.get("DSV4OPS_TUNING_TABLE", "").strip(),
         verify=parse_verify(env.get("DSV4OPS_VERIFY", "").strip()),
         jit_monitor=parse_jit_monitor(env.get("DSV4OPS_JIT_MONITOR", "")),
+        vllm=parse_flag("DSV4OPS_VLLM", env.get("DSV4OPS_VLLM", "")),
+        vllm_native=tuple(op.strip() for op in env.get("DSV4OPS_VLLM_NATIVE", "").split(",") if op.strip()),
     )
 
 
