@@ -10,6 +10,7 @@ import importlib
 import inspect
 import os
 import re
+import sys
 from typing import Callable, Iterable
 
 import torch
@@ -92,6 +93,19 @@ def sm_major(arch: str) -> int:
 
 def triton_interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "") not in ("", "0")
+
+
+def interpreter_on_cpu(device: torch.device, tool: str) -> None:
+    """The command-line tools' one rule for a machine without a GPU (``check``, ``bench --tiny``,
+    the examples): on a CPU device the Triton kernels run through Triton's interpreter, so set
+    ``TRITON_INTERPRET=1`` (read when the kernels are first imported) and say so once on stderr. A
+    library call never changes the environment: there, CPU tensors run the Triton kernels only under
+    ``TRITON_INTERPRET=1`` and the reference otherwise."""
+    if device.type != "cpu" or triton_interpreter_enabled():
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    print(f"{tool}: no GPU, so the Triton kernels run through Triton's interpreter (TRITON_INTERPRET=1 set)",
+          file=sys.stderr)
 
 
 def decode_output(q: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

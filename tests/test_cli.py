@@ -101,7 +101,8 @@ def test_tune_unknown_shape_set(capsys, tmp_path):
 
 @pytest.mark.parametrize("verbose", [False, True])
 def test_info_fits_120_columns(capsys, monkeypatch, verbose):
-    """Op lists wrapped, reasons cut to one line (in full, wrapped, with --verbose); the FlashMLA /
+    """Op lists wrapped, decision reasons cut to one line (in full, wrapped, with --verbose), a
+    backend's unavailability wrapped whole (it ends in what to install); the FlashMLA /
     DeepGEMM install advice for this torch and the installed DeepGEMM API generation are shown."""
     from fakes import deep_gemm as fake_deep_gemm
     from fakes import reprobed
@@ -119,7 +120,7 @@ def test_info_fits_120_columns(capsys, monkeypatch, verbose):
     assert ("DeepGEMM paged and prefill MQA logits, fp8 einsum (SM90 recipe); installed: API 2.8" in joined) == verbose
     reason = "flashmla unavailable: cannot import flash_mla (ModuleNotFoundError: import of flash_mla halted; None in sys.modules)"
     assert reason in joined
-    assert (f"install tokenspeed-flashmla, {install_hint(('tokenspeed-flashmla',))}" in joined) == verbose
+    assert f"install tokenspeed-flashmla, {install_hint(('tokenspeed-flashmla',))}" in joined   # never cut
 
 
 def test_vendor_wheel_table():
@@ -140,3 +141,68 @@ def test_vendor_wheel_table():
     extras = extras["project"]["optional-dependencies"]
     assert extras["deepgemm"] == [f"tokenspeed-deepgemm=={WHEELS['2.11']['tokenspeed-deepgemm']}"]
     assert extras["flashmla"] == [f"tokenspeed-flashmla=={WHEELS['2.11']['tokenspeed-flashmla']}"]
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"dsv4ops {dsv4ops.__version__}"
+
+
+@pytest.mark.parametrize("command", ["info", "check", "bench", "tune", "warmup"])
+def test_help_states_each_default_once(capsys, command):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    options = capsys.readouterr().out.split("\n  -")[1:]           # one block per option
+    assert options and all(block.count("default") <= 1 for block in options), options
+
+
+def test_info_check_fails_when_an_op_has_no_implementation(capsys, env):
+    """``info --check`` is a preflight: exit 1 when a DSV4OPS_BACKEND pin leaves an op unserved
+    (plain ``info`` still exits 0), 0 when every op has an implementation."""
+    assert main(["info", "--check"]) == 0
+    captured = capsys.readouterr()
+    assert f"dsv4ops {dsv4ops.__version__}" in captured.out
+    assert "every op has an implementation here" in captured.out and captured.err == ""
+    env(DSV4OPS_BACKEND="flashmla")
+    assert main(["info", "--check"]) == 1
+    err = capsys.readouterr().err
+    assert f"no implementation serves {len(dsv4ops.OP_NAMES)} of {len(dsv4ops.OP_NAMES)} ops here" in err
+    assert main(["info"]) == 0
+
+
+def test_check_full_tier_on_a_cpu_is_refused(capsys):
+    fails(capsys, ["check", "--tier", "full", "--ops", "indexer_topk", "--device", "cpu"],
+          "--tier full: the production shapes are GPU-sized", "--allow-cpu-full")
+
+
+def test_check_output_on_a_non_terminal(capsys):
+    """One case through the CLI as CI runs it (stderr no terminal): a progress line per op, the
+    run's duration, ops as rows within 120 columns, backends that cannot run here listed once
+    (not counted as skipped), and what --repeat compared."""
+    from dsv4ops.conformance import select_cases
+
+    case = select_cases(["indexer_topk"], "quick")[0]
+    assert main(["check", "--ops", "indexer_topk", "--backends", "triton,flashmla,reference", "--case", case.id,
+                 "--repeat", "2", "--device", "cpu"]) == 0
+    captured = capsys.readouterr()
+    assert "checked indexer_topk: 2 passed, 0 failed, 0 declined" in captured.err
+    out = captured.out.splitlines()
+    assert max(map(len, out)) <= 120
+    assert out[0].startswith("conformance, tier quick, on cpu") and out[0].endswith(" s") and "1 cases in " in out[0]
+    assert out[1].split() == ["op", "triton", "reference"] and out[3].split()[:3] == ["indexer_topk", "pass", "1"]
+    assert any(line.startswith("  not run: flashmla: platform cpu not supported") for line in out)
+    assert "--repeat 2: every passing case was launched 2 times;" in captured.out
+    assert out[-1] == "2 passed, 0 failed, 0 declined (cases an implementing backend cannot serve here)"
+
+
+def test_check_matrix_splits_into_tables_of_at_most_120_columns():
+    from dsv4ops.cli import _matrix_tables
+    from dsv4ops.conformance import Cell
+
+    names = [f"backend{i}" for i in range(9)]
+    cells = {(n, op): Cell(passed=12, skipped=3, worst=0.5) for n in names for op in dsv4ops.OP_NAMES}
+    tables = _matrix_tables(cells, names, list(dsv4ops.OP_NAMES))
+    assert len(tables) > 1 and all(len(line) <= 120 for t in tables for line in t.splitlines())
+    headers = [t.splitlines()[0].split() for t in tables]
+    assert all(h[0] == "op" for h in headers) and [n for h in headers for n in h[1:]] == names

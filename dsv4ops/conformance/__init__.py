@@ -1,12 +1,15 @@
 """Conformance suite: every backend against the one reference over the same case matrix."""
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from .. import registry
+from ..platform import platform
 from .cases import TIERS, Case, build_inputs, cases, make_case, typical_case
-from .runner import Result, run_case
+from .runner import Result, reference_call, run_case
 
 
 def select_cases(op_names: Iterable[str], tier: str, case_id: str | None = None) -> list[Case]:
@@ -16,14 +19,31 @@ def select_cases(op_names: Iterable[str], tier: str, case_id: str | None = None)
     return chosen
 
 
+def unavailable_backends(backend_names: Iterable[str], device) -> dict[str, str]:
+    """The backends of ``backend_names`` that cannot run anything here, and why (a platform they
+    do not serve, a library not installed): run_matrix leaves them out."""
+    plat = platform(device)
+    reasons = {name: registry.get_backend(name).decline_reason(plat) for name in backend_names}
+    return {name: reason for name, reason in reasons.items() if reason is not None}
+
+
 def run_matrix(case_list: list[Case], backend_names: list[str], device, seed: int = 0,
                progress: Callable[[Result], None] | None = None, repeat: int = 1) -> list[Result]:
-    """Each case on each backend; ``seed`` + case position makes every case's inputs fresh;
-    ``repeat`` > 1 also checks that launches and graph replays reproduce the first call bit for bit."""
+    """Each case on each backend that implements its op (a backend that does not has no result);
+    ``seed`` + case position makes every case's inputs fresh, built once per case and shared, with
+    the reference's result, by its backends; ``repeat`` > 1 also checks that launches and graph
+    replays reproduce the first call bit for bit."""
     results = []
     for i, case in enumerate(case_list):
-        for name in backend_names:
-            result = run_case(case, name, device, seed=seed + i, repeat=repeat)
+        names = [n for n in backend_names if case.op in registry.get_backend(n).implementations]
+        try:
+            inputs = case.build(device, seed + i) if names else None
+        except Exception:
+            inputs = None                     # run_case builds again and reports the error per backend
+        reference = functools.cache(lambda: reference_call(case.op, inputs))
+        for name in names:
+            result = run_case(case, name, device, seed=seed + i, repeat=repeat, inputs=inputs,
+                              reference=reference if inputs is not None else None)
             results.append(result)
             if progress:
                 progress(result)
@@ -99,4 +119,5 @@ def to_json(results: list[Result], meta: dict) -> str:
 
 
 __all__ = ["TIERS", "LEGEND", "Cell", "Case", "Result", "build_inputs", "cases", "make_case", "typical_case", "select_cases", "run_matrix", "summarize",
+           "unavailable_backends",
            "result_rows", "to_json", "run_case"]

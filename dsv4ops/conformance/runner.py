@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -43,11 +44,15 @@ def poison(t: torch.Tensor) -> None:
         t.fill_(POISON_INT)
 
 
-def run_case(case: Case, backend: str, device, seed: int = 0, repeat: int = 1) -> Result:
-    """``case`` on ``backend`` against the reference (``repeat`` > 1: also ``repeat.check_repeatable``)."""
+def run_case(case: Case, backend: str, device, seed: int = 0, repeat: int = 1, inputs: dict | None = None,
+             reference: Callable[[], tuple] | None = None) -> Result:
+    """``case`` on ``backend`` against the reference (``repeat`` > 1: also ``repeat.check_repeatable``).
+    ``inputs``: the case's arguments already built from ``seed`` (never written: each call gets
+    copies); ``reference``: returns ``(kwargs, result)`` of the reference's call on copies of them
+    (run_matrix shares both among the backends of a case)."""
     start = time.perf_counter()
     try:
-        kwargs = case.build(device, seed)
+        kwargs = case.build(device, seed) if inputs is None else inputs
     except Exception as exc:
         return Result(case, backend, "error", message=f"building inputs failed: {exc}", seed=seed)
     op = registry.get_op(case.op)
@@ -56,8 +61,7 @@ def run_case(case: Case, backend: str, device, seed: int = 0, repeat: int = 1) -
         reason = next((c.status for c in decision.candidates if c.backend == backend), "not registered for this op")
         return Result(case, backend, "skip", message=reason, seed=seed)
 
-    ref_kwargs = clone_kwargs(kwargs)
-    ref_result = run_reference(case.op, ref_kwargs)
+    ref_kwargs, ref_result = (reference or (lambda: reference_call(case.op, kwargs)))()
     got_kwargs = clone_kwargs(kwargs)
     if got_kwargs.get("out") is not None:
         poison(got_kwargs["out"])
@@ -95,6 +99,12 @@ def _check_out_returned(out: torch.Tensor, result, verdict: Verdict) -> Verdict:
     if first.data_ptr() != out.data_ptr():
         return Verdict(False, verdict.worst, "out= was given but the result is not that buffer")
     return verdict
+
+
+def reference_call(op: str, inputs: dict) -> tuple[dict, object]:
+    """The reference's call on copies of ``inputs``: (the copies, as it left them; its result)."""
+    kwargs = clone_kwargs(inputs)
+    return kwargs, run_reference(op, kwargs)
 
 
 def run_reference(op: str, kwargs: dict):
