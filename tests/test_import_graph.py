@@ -6,6 +6,7 @@ with a literal name, to the most specific module named (``from . import formats`
 ``dsv4ops.formats``, ``from .formats import Layout`` too; ``import dsv4ops`` to the package).
 """
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,8 @@ def test_no_import_cycle():
 
 
 @pytest.mark.parametrize("leaf", ["dsv4ops.settings", "dsv4ops.errors", "dsv4ops.formats", "dsv4ops.rows",
-                                  "dsv4ops.tolerance", "dsv4ops.sampling", "dsv4ops.tensors", "dsv4ops.cost"])
+                                  "dsv4ops.tolerance", "dsv4ops.sampling", "dsv4ops.tensors", "dsv4ops.cost",
+                                  "dsv4ops.cache_checks", "dsv4ops.index_checks"])
 def test_leaf_modules_import_no_feature(leaf):
     """Configuration and the helpers that adapters, references and the harness share depend only on
     one another: never on ops, dispatch, verification or the conformance harness."""
@@ -125,6 +127,24 @@ def test_dispatch_never_reaches_the_conformance_harness():
             reached.add(dep)
             todo.append(dep)
     assert not {m for m in reached if m.startswith("dsv4ops.conformance")}
+
+
+def test_op_modules_import_only_their_compositions():
+    """An op module imports another op's module only where its op is declared a composition of that
+    op (``OpSpec.composes``: mqa_topk of mqa_logits, ...), never to borrow helpers (shared pieces live
+    in leaf modules); and no op module looks itself up by name through the registry."""
+    edges, known = graph(), modules()
+    op_modules = {m for m in known if m.startswith("dsv4ops.ops.")}
+    assert len(op_modules) >= 14
+    for module in sorted(op_modules):
+        spec = importlib.import_module(module).OP.spec
+        assert module == f"dsv4ops.ops.{spec.name}" and set(spec.composes) <= {m.rpartition(".")[2] for m in op_modules}
+        borrowed = {m.rpartition(".")[2] for m in edges[module] & op_modules} - set(spec.composes)
+        assert not borrowed, f"{module} imports the op modules {sorted(borrowed)}, which {spec.name} does not compose"
+        self_lookups = [node.lineno for node in ast.walk(ast.parse(known[module].read_text()))
+                        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "get_op"
+                        and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == spec.name]
+        assert not self_lookups, f"{module} looks {spec.name} up through the registry (lines {self_lookups}): use OP"
 
 
 def test_a_planted_cycle_is_found():

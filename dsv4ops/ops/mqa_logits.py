@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import formats, registry
+from .. import formats
 from ..checker import Checker
 from ..index_checks import check_query
 from ..cost import nbytes
@@ -140,18 +140,19 @@ def cases(tier: str):
 
 def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     """The paged_mqa_logits rule on [ks, ke); clean=True: -inf exactly outside. Cases with ``topk``
-    also run indexer_topk (ranges mode, the backend dispatch picks) on the logits and judge the
-    selection against the reference logits, allowing swaps of logits within their two error bounds."""
+    also select the top ``topk`` of the logits with the reference indexer_topk (ranges mode) and judge
+    the selection against the reference logits, allowing swaps of logits within their two error bounds."""
     c = Collector()
     kw = ref_kwargs
     mag = indexer_logits_rule(c, ref_result, got_result, lambda: magnitude(kw), kw["clean"],
                               "columns outside [ks, ke)")
     k = params.get("topk")
     if k and not c.failures:
-        picked = registry.get_op("indexer_topk").function(got_result, k, row_starts=kw["ks"], row_ends=kw["ke"])
+        from ..reference.impl.indexer_topk import top_k     # at run time: the reference package imports every op
+        starts, ends = kw["ks"].to(torch.int64), kw["ke"].to(torch.int64)
         slack = torch.zeros_like(ref_result) if mag is None else 1e-4 * mag
-        topk_selection(c, ref_result, k, kw["ks"].to(torch.int64), kw["ke"].to(torch.int64), picked, slack,
-                        "indexer_topk(mqa_logits)")
+        topk_selection(c, ref_result, k, starts, ends, top_k(got_result, k, starts, ends), slack,
+                       "indexer_topk(mqa_logits)")
     return c.verdict()
 
 
@@ -167,8 +168,8 @@ def magnitude(kw: dict) -> torch.Tensor:
     """fp32 [T, S]: sum_h |w_h| sum_d |q_hd| |k_d| on [ks, ke) (the reference on the inputs'
     magnitudes), the scale of the logits' error bound."""
     k_scale = kw["k_scale"] if kw["k"].dtype == MXFP4 else kw["k_scale"].abs()
-    return registry.get_op("mqa_logits").function(fp8_abs(kw["q"]), fp8_abs(kw["k"]), k_scale, kw["weights"].abs(),
-                                                  kw["ks"], kw["ke"], q_scale=kw.get("q_scale"), backend="reference")
+    return OP.reference(fp8_abs(kw["q"]), fp8_abs(kw["k"]), k_scale, kw["weights"].abs(), kw["ks"], kw["ke"],
+                        q_scale=kw.get("q_scale"))
 
 
 def cost(kw: dict) -> tuple[int, int]:

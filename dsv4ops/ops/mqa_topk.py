@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import formats, registry
+from .. import formats
 from ..checker import Checker
 from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
@@ -75,9 +75,8 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     rule (1e-4 of sum_h |w_h| sum_d |q_hd| |k_d| each): docs/ops.md §13."""
     c = Collector()
     kw = ref_kwargs
-    logits = registry.get_op("mqa_logits").function
-    scores = logits(kw["q"], kw["k"], kw["k_scale"], kw["weights"], kw["ks"], kw["ke"], q_scale=kw.get("q_scale"),
-                    backend="reference")
+    scores = logits_op.OP.reference(kw["q"], kw["k"], kw["k_scale"], kw["weights"], kw["ks"], kw["ke"],
+                                    q_scale=kw.get("q_scale"))
     topk_selection(c, scores, kw["topk"], kw["ks"].to(torch.int64), kw["ke"].to(torch.int64), got_result,
                    1e-4 * logits_op.magnitude(kw), "indices")
     return c.verdict()
@@ -125,6 +124,7 @@ SPEC = OpSpec(
     check=check,
     fake=fake,
     reference="dsv4ops.reference.impl.mqa_topk:mqa_topk",
+    composes=("mqa_logits", "indexer_topk"),
     conformance=Conformance(
         inputs=inputs,
         cases=cases,

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import formats, registry
+from .. import formats
 from ..checker import Checker
 from ..index_checks import check_query
 from ..cost import nbytes
@@ -146,10 +146,10 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
 def magnitude(kw: dict) -> torch.Tensor:
     """fp32 [B * next_n, max_context_len]: sum_h |w_h| sum_d |q_hd| |k_d| (the reference on the inputs'
     magnitudes), the scale of the logits' error bound."""
-    return registry.get_op("paged_mqa_logits").function(
+    return OP.reference(
         fp8_abs(kw["q"]),
         abs_index_cache(kw["kv_cache"]), kw["weights"].abs(), kw["context_lens"], kw["block_table"],
-        kw["max_context_len"], q_scale=kw.get("q_scale"), backend="reference")
+        kw["max_context_len"], q_scale=kw.get("q_scale"))
 
 
 def unspecified(kw: dict):

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import formats, registry
+from .. import formats
 from ..checker import Checker
 from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
@@ -79,10 +79,8 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     (1e-4 of sum_h |w_h| sum_d |q_hd| |k_d| each): docs/ops.md §12."""
     c = Collector()
     kw = ref_kwargs
-    logits = registry.get_op("paged_mqa_logits").function
-    args = dict(q=kw["q"], kv_cache=kw["kv_cache"], weights=kw["weights"], context_lens=kw["context_lens"],
-                block_table=kw["block_table"], max_context_len=kw["max_context_len"], q_scale=kw.get("q_scale"))
-    scores = logits(**args, backend="reference")
+    scores = logits_op.OP.reference(kw["q"], kw["kv_cache"], kw["weights"], kw["context_lens"], kw["block_table"],
+                                    kw["max_context_len"], q_scale=kw.get("q_scale"))
     ends = decode_row_ends(kw["context_lens"], kw["q"].shape[1])
     topk_selection(c, scores, kw["topk"], torch.zeros_like(ends), ends, got_result, 1e-4 * logits_op.magnitude(kw),
                    "indices")
@@ -133,6 +131,7 @@ SPEC = OpSpec(
     check=check,
     fake=fake,
     reference="dsv4ops.reference.impl.paged_mqa_topk:paged_mqa_topk",
+    composes=("paged_mqa_logits", "indexer_topk"),
     conformance=Conformance(
         inputs=inputs,
         cases=cases,

@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import formats, registry
+from .. import formats
 from ..checker import Checker
 from ..index_checks import check_blocks
 from ..cost import nbytes
@@ -130,9 +130,9 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
 
 def magnitude(kw: dict) -> torch.Tensor:
     """sum_h |w_h| sum_d |q_hd| |k_d| per column (the reference on the inputs' magnitudes)."""
-    return registry.get_op("paged_sparse_mqa_logits").function(
+    return OP.reference(
         fp8_abs(kw["q"]), abs_index_cache(kw["kv_cache"]), kw["weights"].abs(), kw["context_lens"],
-        kw["block_table"], kw["blocks"], kw["sparse_block"], backend="reference")
+        kw["block_table"], kw["blocks"], kw["sparse_block"])
 
 
 def unspecified(kw: dict):
@@ -196,6 +196,7 @@ SPEC = OpSpec(
     check=check,
     fake=fake,
     reference="dsv4ops.reference.impl.paged_sparse_mqa_logits:paged_sparse_mqa_logits",
+    composes=("paged_mqa_logits",),      # its columns are paged_mqa_logits values
     conformance=Conformance(
         inputs=inputs,
         cases=cases,

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .. import formats, registry
+from .. import formats
 from ..checker import Checker
 from ..index_checks import check_blocks
 from ..cost import nbytes
@@ -16,7 +16,7 @@ from ..rows import candidate_columns
 from ..sampling import FP8_NAN, change, random_blocks, set_args, to_device
 from ..shapes import CANDIDATE_BLOCK, CANDIDATE_BLOCKS, V41_INDEX_HEADS
 from ..tolerance import Collector, Verdict, fp8_abs, indexer_logits_rule
-from . import mqa_logits as dense
+from . import mqa_logits as dense_op
 
 
 def check(c: Checker, a):
@@ -54,7 +54,7 @@ def fake(a):
 
 def inputs(device, gen, *, T, S, H=V41_INDEX_HEADS, ranges="causal", sparse_block=8, num_blocks=4, scale_fmt="fp32",
            clean=False, corner=None, out=False):
-    kw = dense.inputs("cpu", gen, T=T, S=S, H=H, ranges=ranges, scale_fmt=scale_fmt, corner=corner)
+    kw = dense_op.inputs("cpu", gen, T=T, S=S, H=H, ranges=ranges, scale_fmt=scale_fmt, corner=corner)
     del kw["q_scale"]                          # fp8 queries only (the dense form's MXFP4 q is not taken)
     ks, ke = kw["ks"].long(), kw["ke"].long()
     blocks = random_blocks(gen, ke - ks, num_blocks, sparse_block, newest=corner != "no_newest")
@@ -99,9 +99,10 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
 
 
 def magnitude(kw: dict) -> torch.Tensor:
-    return registry.get_op("sparse_mqa_logits").function(
+    """sum_h |w_h| sum_d |q_hd| |k_d| per column (the reference on the inputs' magnitudes)."""
+    return OP.reference(
         fp8_abs(kw["q"]), fp8_abs(kw["k"]), kw["k_scale"].abs(), kw["weights"].abs(), kw["ks"], kw["ke"],
-        kw["blocks"], kw["sparse_block"], backend="reference")
+        kw["blocks"], kw["sparse_block"])
 
 
 def unspecified(kw: dict):
@@ -163,6 +164,7 @@ SPEC = OpSpec(
     check=check,
     fake=fake,
     reference="dsv4ops.reference.impl.sparse_mqa_logits:sparse_mqa_logits",
+    composes=("mqa_logits",),            # its columns are mqa_logits values
     conformance=Conformance(
         inputs=inputs,
         cases=cases,
