@@ -281,11 +281,14 @@ class _ProgressLines:
 
 def cmd_bench(args) -> int:
     from . import bench
+    from .backend_support import interpreter_on_cpu
 
     args.ops, args.backends = parse_ops(args.ops), parse_backends(args.backends)
     args.shapes = parse_shapes(args.shapes)
     check_plot_prefix(args.plot)
     args.json = open_output(args.json, "--json")
+    if args.tiny:
+        interpreter_on_cpu(default_device(), "dsv4ops bench")
     return bench.main(args)
 
 

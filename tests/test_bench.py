@@ -102,3 +102,14 @@ def test_roofline_fraction_is_the_binding_resource():
     assert roofline_fraction(Timing("op", "case", "b", us=1.0, bandwidth_fraction=0.3, compute_fraction=0.6)) == 0.6
     assert roofline_fraction(Timing("op", "case", "b", us=1.0, bandwidth_fraction=0.3)) == 0.3
     assert roofline_fraction(Timing("op", "case", "b", us=1.0)) is None
+
+
+def test_bench_tiny_times_triton_on_a_cpu(capsys, monkeypatch):
+    """The tools' CPU rule: without a GPU, bench --tiny turns Triton's interpreter on (said once on
+    stderr) and times the Triton kernels, instead of skipping every case."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from dsv4ops.cli import main
+    assert main(["bench", "--tiny", "--ops", "indexer_topk", "--backends", "triton"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.count("TRITON_INTERPRET=1 set") == 1 and "skipped" not in captured.out
+    assert "triton" in captured.out
