@@ -156,7 +156,7 @@ _CHECK_FAILURES = (Exception, SystemExit)
 _IMPORT_FAILURES = (Exception, SystemExit, KeyboardInterrupt)
 
 _lock = threading.RLock()
-_ops: dict[str, Any] = {}
+_ops: dict[str, Any] = {}                 # the op table: name -> Op, in docs/ops.md section order
 _backends: dict[str, Backend] = {}
 _implementations: dict[str, list[Implementation]] = {}
 _listeners: list[Callable[[], None]] = []
@@ -167,8 +167,18 @@ _loading_plugin: str | None = None        # the plugin entry point being importe
 
 
 def register_op(op) -> None:
+    """Enter ``op`` in the op table (``opspec.define`` does, for each op module), kept in the order
+    of the ops' sections in docs/ops.md."""
     with _lock:
         _ops[op.name] = op
+        ordered = sorted(_ops.values(), key=lambda o: o.spec.section)
+        _ops.clear()
+        _ops.update((o.name, o) for o in ordered)
+
+
+def op_table() -> dict[str, Any]:
+    """The op table itself (``dsv4ops.ops.OPS``): op name -> its Op."""
+    return _ops
 
 
 def op_names() -> tuple[str, ...]:
