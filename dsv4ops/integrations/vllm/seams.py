@@ -11,6 +11,7 @@ import ast
 import importlib
 import importlib.metadata
 import inspect
+import textwrap
 import zipfile
 from dataclasses import dataclass
 from typing import Mapping
@@ -40,6 +41,17 @@ SEAMS = (
          "the layer class Dsv4opsAttention overrides steps of",
          members=("forward_mqa", "_o_proj", "_fused_qnorm_rope_kv_insert", "_sparse_indexer_and_attn",
                   "get_padded_num_q_heads")),
+    Seam("attention_state", _ATTN, "DeepseekV4Attention", CLASS,
+         "the layer's attributes the dsv4ops steps read (set in __init__)",
+         members=("swa_cache_layer", "topk_indices_buffer", "window_size", "max_model_len", "scale", "eps",
+                  "n_local_heads", "n_local_groups", "o_lora_rank", "attn_sink", "rotary_emb", "compress_ratio",
+                  "compressor", "indexer", "wo_a", "wo_b", "prefix", "kv_cache")),
+    Seam("indexer_state", _ATTN, "DeepseekV4Indexer", CLASS, "the indexer's attributes the top-k step reads",
+         members=("k_cache", "topk_tokens", "n_head", "compressor")),
+    Seam("compressor_state", "vllm.models.deepseek_v4.compressor", "DeepseekCompressor", CLASS,
+         "the compressor's attributes compress_kv_insert is fed from",
+         members=("coff", "head_dim", "state_cache", "k_cache_prefix", "ape", "norm", "rms_norm_eps",
+                  "compress_ratio")),
     Seam("insert_step", _ATTN, "DeepseekV4Attention._fused_qnorm_rope_kv_insert", METHOD,
          "KV insert -> qnorm_rope_kv_insert", params=("self", "q", "kv", "positions", "attn_metadata")),
     Seam("indexer_attn_step", _ATTN, "DeepseekV4Attention._sparse_indexer_and_attn", METHOD,
@@ -130,6 +142,8 @@ def check_installed() -> list[str]:
                 problems.append(problem)
         elif seam.kind == CLASS:
             fields = set(getattr(obj, "__dataclass_fields__", {})) | set(dir(obj))
+            if inspect.isclass(obj) and not set(seam.members) <= fields:
+                fields |= _assigned(ast.parse(textwrap.dedent(inspect.getsource(obj))).body[0])
             missing = [m for m in seam.members if m not in fields]
             if not inspect.isclass(obj) or missing:
                 problems.append(f"{seam.name}: {seam.module}.{seam.qualname} lacks {missing}")
@@ -189,10 +203,24 @@ def check_source(files: Mapping[str, str], build: str = CUDA) -> list[str]:
             if not isinstance(node, ast.ClassDef):
                 problems.append(f"{seam.name}: {where} is not a class")
                 continue
-            missing = [m for m in seam.members if _find(node, m) is None and not _inherited(files, node, m)]
+            assigned = _assigned(node)
+            missing = [m for m in seam.members
+                       if m not in assigned and _find(node, m) is None and not _inherited(files, node, m)]
             if missing:
                 problems.append(f"{seam.name}: {where} lacks {missing}")
     return problems
+
+
+def _assigned(node: ast.ClassDef) -> set[str]:
+    """Names the class's methods assign as ``self.<name> = ...`` (instance attributes)."""
+    names = set()
+    for child in ast.walk(node):
+        targets = child.targets if isinstance(child, ast.Assign) else \
+            [child.target] if isinstance(child, (ast.AnnAssign, ast.AugAssign)) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                names.add(target.attr)
+    return names
 
 
 def _inherited(files: Mapping[str, str], node: ast.ClassDef, member: str) -> bool:
