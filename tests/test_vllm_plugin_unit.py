@@ -1,6 +1,6 @@
 """The vLLM plugin's parts that need no vLLM: page windows over strided cache views, the switch,
 the counters and the no-silent-fallback rule."""
-import importlib
+import subprocess
 import sys
 
 import pytest
@@ -123,5 +123,8 @@ def test_unservable_configuration_fails_load_naming_the_op(monkeypatch):
 
 
 def test_import_dsv4ops_imports_no_vllm():
-    importlib.import_module("dsv4ops.integrations.vllm")
-    assert not any(name == "vllm" or name.startswith("vllm.") for name in sys.modules)
+    """In a fresh interpreter (another test may have imported vLLM into this one)."""
+    code = ("import sys, dsv4ops, dsv4ops.cli, dsv4ops.integrations.vllm; "
+            "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
