@@ -7,15 +7,13 @@ import torch
 from torch import Tensor
 
 from .. import formats
-from ..checker import Checker
+from ..checker import INT32_MAX, Checker
 from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..sampling import change, set_args
 from ..shapes import INDEX_HEADS, INDEX_TOPK, V41_INDEX_HEADS
 from ..tolerance import Collector, Verdict, topk_selection
 from . import mqa_logits as logits_op
-
-INT32_MAX = 2 ** 31 - 1
 
 
 def logits_args(a, out=None):

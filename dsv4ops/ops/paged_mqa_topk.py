@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from .. import formats
-from ..checker import Checker
+from ..checker import INT32_MAX, Checker
 from ..cost import nbytes
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..rows import decode_row_ends
@@ -15,8 +15,6 @@ from ..sampling import change, set_args
 from ..shapes import C4_BLOCK, INDEX_HEADS, INDEX_TOPK, V41_INDEX_HEADS
 from ..tolerance import Collector, Verdict, topk_selection
 from . import paged_mqa_logits as logits_op
-
-INT32_MAX = 2 ** 31 - 1
 
 
 def logits_args(a, out=None):
