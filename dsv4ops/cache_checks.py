@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import formats
-from .checker import Checker
+from .checker import Checker, describe
 from .formats import Layout
 
 # The ``layout=`` argument's doc line, from the one list of main-cache layouts.
@@ -40,4 +40,7 @@ def check_kv_cache(c: Checker, name: str, cache, layout: Layout, block_size: int
                          f"{layout.min_page_bytes(block_size)}")
         return
     shape = layout.cache_shape(cache.shape[0], block_size)
+    if cache.dim() == len(shape) and cache.shape[1:] != shape[1:]:       # the page size, from block_size
+        c.fail(name, f"must be [num_blocks, {', '.join(map(str, shape[1:]))}] for block_size={block_size} "
+                     f"tokens of {layout}, got {describe(cache)}: is block_size the cache's page size?")
     c.tensor(name, cache, dtype=layout.cache_dtype, shape=("num_blocks",) + shape[1:], contiguous=True)

@@ -3,6 +3,7 @@ argument and what was expected. Structural checks never synchronise the device; 
 (ranges) run on CPU tensors always and on accelerator tensors only with ``DSV4OPS_DEBUG=1``."""
 from __future__ import annotations
 
+import collections
 import math
 from typing import Sequence
 
@@ -62,6 +63,11 @@ def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
             and a.stride() == b.stride())
 
 
+# The shape label of the per-token arguments of the cache writers (slot mappings): their length
+# T' counts the tokens that write, a prefix of the call's T.
+TOKENS_WRITTEN = "T' (tokens written, <= T)"
+
+
 def _dtype_name(d) -> str:
     if isinstance(d, (tuple, list)):
         return " or ".join(_dtype_name(x) for x in d)
@@ -71,9 +77,11 @@ def _dtype_name(d) -> str:
 class Checker:
     """Checks for one op call; ``device`` is fixed by the first tensor checked with ``anchor=True``."""
 
-    def __init__(self, op: str):
+    def __init__(self, op: str, args=None):
         self.op = op
+        self.args = args                  # the typed args: the odd one out of a device mix is named
         self.device: torch.device | None = None
+        self._anchor = ""
         self.debug = debug_enabled()
         self._spans: dict[str, tuple[int, int] | None] = {}      # byte spans of arguments (disjoint)
 
@@ -95,14 +103,25 @@ class Checker:
                                             for i, s in enumerate(shape)):
                 self.fail(name, f"must be {want}, got {describe(t)}")
         if anchor and self.device is None:
-            self.device = t.device
+            self.device, self._anchor = t.device, name
         elif self.device is not None and t.device != self.device:
-            self.fail(name, f"must be on {self.device} like the other inputs, got {describe(t)}")
+            self._device_mix(name, t)
         if contiguous and not t.is_contiguous():
             self.fail(name, f"must be contiguous, got strides {t.stride()}")
         if last_dim_contiguous and t.dim() and t.stride(-1) != 1 and t.shape[-1] > 1:
             self.fail(name, f"must have stride 1 in its last dimension, got strides {t.stride()}")
         return t
+
+    def _device_mix(self, name: str, t: torch.Tensor):
+        """``t`` is not on the anchor's device: name whichever of the two is the odd one out (on
+        the device fewer tensor arguments are on; ``name`` on a tie)."""
+        tensors = {n: v for n, v in (self.args._asdict().items() if self.args is not None else ())
+                   if isinstance(v, torch.Tensor)}
+        on = collections.Counter(v.device for v in tensors.values())
+        if on[self.device] < on[t.device] and self._anchor in tensors:
+            self.fail(self._anchor, f"must be on {t.device} like the other inputs, got "
+                                    f"{describe(tensors[self._anchor])}")
+        self.fail(name, f"must be on {self.device} like the other inputs, got {describe(t)}")
 
     def optional(self, name: str, t, **kw):
         return None if t is None else self.tensor(name, t, **kw)

@@ -47,10 +47,11 @@ def check_row_lengths(c: Checker, a, R: int, W: int):
         if seq_lens.dim() == 2 and a.next_n not in (1, seq_lens.shape[1]):
             c.fail("next_n", f"must match seq_lens.shape[1]={seq_lens.shape[1]}, got {a.next_n}")
         rows_per_seq = seq_lens.shape[1] if seq_lens.dim() == 2 else a.next_n
-        c.tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(R // rows_per_seq,) + tuple(seq_lens.shape[1:]))
+        c.tensor("seq_lens", seq_lens, dtype=torch.int32, shape=("B",) + tuple(seq_lens.shape[1:]))
         if seq_lens.shape[0] * rows_per_seq != R:
-            c.fail("seq_lens", f"must describe R={R} rows (B * next_n), got {list(seq_lens.shape)} "
-                               f"with next_n={rows_per_seq}")
+            c.fail("seq_lens", f"describes B={seq_lens.shape[0]} requests x next_n={rows_per_seq} = "
+                               f"{seq_lens.shape[0] * rows_per_seq} rows, but the call has R={R} rows (R must be "
+                               f"B * next_n)")
         c.in_range("seq_lens", seq_lens, 0, W + 1, what="lengths (at most the logits width)")
 
 

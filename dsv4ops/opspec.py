@@ -241,7 +241,7 @@ class Op:
 
     def validate(self, args) -> OpCall:
         """Check typed args (raises InputError naming the argument); the call to dispatch."""
-        checker = Checker(self.name)
+        checker = Checker(self.name, args)
         args = self.spec.check(checker, args)
         for arg in self.spec.written:
             checker.disjoint(args, arg.name, same_ok=arg.same_view_ok)

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from .. import formats, quant
 from ..cache_checks import check_kv_cache
-from ..checker import Checker, describe
+from ..checker import TOKENS_WRITTEN, Checker, describe
 from ..formats import Layout
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..sampling import change, cos_sin_cache, randint, randn, set_args, to_device
@@ -52,18 +52,19 @@ def check(c: Checker, a):
     if stateful:
         c.tensor("state_cache", a.state_cache, dtype=torch.float32, shape=("num_state_blocks", "state_block_size",
                  2 * width), last_dim_contiguous=True)
-        c.tensor("state_slot_mapping", a.state_slot_mapping, dtype=torch.int64, shape=("T'",))
-        n = a.state_slot_mapping.shape[0]
-        c.tensor("state_block_table", a.state_block_table, dtype=torch.int32, shape=("num_reqs", "max_state_blocks"))
-        c.tensor("token_to_req", a.token_to_req, dtype=torch.int32, shape=(n,))
+        counted = "state_slot_mapping"
     else:
         for name in STATE_ARGS:
             if getattr(a, name) is not None:
                 c.fail(name, f"must be None for ratio 1 (it keeps no state), got {describe(getattr(a, name))}")
-        c.tensor("slot_mapping", a.slot_mapping, dtype=torch.int64, shape=("T'",))
-        n = a.slot_mapping.shape[0]
+        counted = "slot_mapping"
+    c.tensor(counted, getattr(a, counted), dtype=torch.int64, shape=(TOKENS_WRITTEN,))
+    n = getattr(a, counted).shape[0]                 # T': the tokens that write (T' <= T)
     if n > T:
-        c.fail("state_slot_mapping" if stateful else "slot_mapping", f"must have at most T={T} entries, got {n}")
+        c.fail(counted, f"must have at most T={T} entries (T': one per token that writes, T' <= T), got {n}")
+    if stateful:
+        c.tensor("state_block_table", a.state_block_table, dtype=torch.int32, shape=("num_reqs", "max_state_blocks"))
+        c.tensor("token_to_req", a.token_to_req, dtype=torch.int32, shape=(n,))
     c.int_arg("block_size", a.block_size, minimum=1)
     check_kv_cache(c, "kv_cache", a.kv_cache, layout, a.block_size)
     if stateful:

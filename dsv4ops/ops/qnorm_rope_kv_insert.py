@@ -9,7 +9,7 @@ from torch import Tensor
 
 from .. import formats, quant
 from ..cache_checks import LAYOUT_DOC, check_kv_cache, check_layout
-from ..checker import Checker
+from ..checker import TOKENS_WRITTEN, Checker
 from ..cost import nbytes
 from ..formats import Layout
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, Scale, define
@@ -30,7 +30,7 @@ def check(c: Checker, a):
     layout = check_layout(c, a.layout)
     c.int_arg("block_size", a.block_size, minimum=1)
     check_kv_cache(c, "kv_cache", a.kv_cache, layout, a.block_size)
-    c.tensor("slot_mapping", a.slot_mapping, dtype=torch.int64, shape=("T'",))
+    c.tensor("slot_mapping", a.slot_mapping, dtype=torch.int64, shape=(TOKENS_WRITTEN,))
     if a.slot_mapping.shape[0] > T:
         c.fail("slot_mapping", f"must have at most T={T} entries, got {a.slot_mapping.shape[0]}")
     c.float_arg("eps", a.eps, positive=True)
