@@ -206,3 +206,17 @@ def test_check_matrix_splits_into_tables_of_at_most_120_columns():
     assert len(tables) > 1 and all(len(line) <= 120 for t in tables for line in t.splitlines())
     headers = [t.splitlines()[0].split() for t in tables]
     assert all(h[0] == "op" for h in headers) and [n for h in headers for n in h[1:]] == names
+
+
+def test_decode_step_example_says_which_backends_ran(capsys):
+    """The example names the backends each setting ran, says when that is the reference against
+    itself, and reports a setting nothing here can serve as a line, not a traceback."""
+    from dsv4ops.examples import decode_step
+
+    code = decode_step.main(["--device", "cpu", "--tokens", "2", "--heads", "8", "--context", "200",
+                             "--index-topk", "32", "--settings", "triton", "reference", "flashmla"])
+    out = capsys.readouterr().out
+    assert code == 1 and "Traceback" not in out                  # flashmla cannot run on a CPU
+    assert "backends: triton: 6 ops" in out
+    assert "backends: every op ran on the reference: this compares the reference with itself" in out
+    assert "flashmla" in out and "error: UnsupportedError" in out

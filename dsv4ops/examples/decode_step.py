@@ -16,6 +16,7 @@ and (on a GPU) times the whole step:
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from dataclasses import dataclass
 
@@ -23,6 +24,8 @@ import torch
 
 import dsv4ops
 from dsv4ops import formats
+from dsv4ops.backend_support import interpreter_on_cpu
+from dsv4ops.errors import Dsv4opsError
 from dsv4ops.sampling import cos_sin_cache
 from dsv4ops.tolerance import calc_diff
 from dsv4ops.platform import default_device
@@ -87,41 +90,63 @@ def make_layer(T=4, H=64, context=2048, index_topk=512, o_rank=1024, device="cpu
     return layer
 
 
-def run_step(layer: Layer, setting: str = "auto", fresh_cache: bool = True) -> dict[str, torch.Tensor]:
+def run_step(layer: Layer, setting: str = "auto", fresh_cache: bool = True,
+             used: dict[str, str] | None = None) -> dict[str, torch.Tensor]:
     """The decode step. The token's KV goes into a copy of the SWA cache (``fresh_cache``, so that
     pipelines compared on one layer read the same bytes) or into the layer's cache itself (timing:
-    rewriting the same slot is idempotent for one backend). Returns the main intermediates."""
+    rewriting the same slot is idempotent for one backend). Returns the main intermediates;
+    ``used``, if given, receives op -> the backend that ran it."""
     T = layer.q.shape[0]
     swa_cache = layer.swa_cache.clone() if fresh_cache else layer.swa_cache
+    call = functools.partial(_call, used)
     with backend_setting(setting):
         slot, swa_idx, swa_lens = window_indices(layer.positions, layer.swa_table)
-        q = dsv4ops.qnorm_rope_kv_insert(layer.q.clone(), layer.kv, layer.positions, layer.cos_sin, swa_cache, slot,
-                                         layout="fp8_ds_mla", block_size=SWA_BLOCK)
+        q = call("qnorm_rope_kv_insert", layer.q.clone(), layer.kv, layer.positions, layer.cos_sin, swa_cache, slot,
+                 layout="fp8_ds_mla", block_size=SWA_BLOCK)
         ctx = ((layer.positions + 1) // RATIO).to(torch.int32)[:, None]      # compressed entries visible
         width = layer.c4_table.shape[1] * C4_BLOCK
-        logits = dsv4ops.paged_mqa_logits(layer.index_q, layer.index_cache, layer.index_weights, ctx,
-                                          layer.c4_table, width)
-        local = dsv4ops.indexer_topk(logits, layer.index_topk, seq_lens=ctx)
+        logits = call("paged_mqa_logits", layer.index_q, layer.index_cache, layer.index_weights, ctx, layer.c4_table,
+                      width)
+        local = call("indexer_topk", logits, layer.index_topk, seq_lens=ctx)
         c4_idx, c4_lens = formats.to_global_indices(local, layer.c4_table, torch.arange(T, device=q.device), C4_BLOCK)
-        out, _ = dsv4ops.sparse_mla_decode(q, swa_cache, swa_idx, swa_lens, layout="fp8_ds_mla", block_size=SWA_BLOCK,
-                                           softmax_scale=512 ** -0.5, attn_sink=layer.attn_sink,
-                                           extra_kv_cache=layer.c4_cache, extra_indices=c4_idx,
-                                           extra_topk_lens=c4_lens, extra_block_size=C4_BLOCK, need_lse=False)
-        a, a_scale = dsv4ops.inv_rope_fp8_quant(out, layer.positions, layer.cos_sin, n_groups=layer.wo_a.shape[0])
-        z = dsv4ops.fp8_einsum("bhr,hdr->bhd", a, a_scale, layer.wo_a, layer.wo_a_scale)
+        out, _ = call("sparse_mla_decode", q, swa_cache, swa_idx, swa_lens, layout="fp8_ds_mla", block_size=SWA_BLOCK,
+                      softmax_scale=512 ** -0.5, attn_sink=layer.attn_sink, extra_kv_cache=layer.c4_cache,
+                      extra_indices=c4_idx, extra_topk_lens=c4_lens, extra_block_size=C4_BLOCK, need_lse=False)
+        a, a_scale = call("inv_rope_fp8_quant", out, layer.positions, layer.cos_sin, n_groups=layer.wo_a.shape[0])
+        z = call("fp8_einsum", "bhr,hdr->bhd", a, a_scale, layer.wo_a, layer.wo_a_scale)
     return dict(q=q, logits=logits, topk=local, attn=out, z=z)
 
 
-def compare_to_reference(layer: Layer, setting: str) -> dict[str, float]:
+def _call(used: dict[str, str] | None, op: str, *args, **kwargs):
+    """``dsv4ops.<op>(*args, **kwargs)``; with ``used``, first records which backend serves it."""
+    if used is not None:
+        used[op] = dsv4ops.explain(op, *args, **kwargs).backend
+    return getattr(dsv4ops, op)(*args, **kwargs)
+
+
+def compare_to_reference(layer: Layer, setting: str) -> dict:
     """End-to-end agreement with the all-reference pipeline: calc_diff of the attention output and
-    of z, and the overlap of the top-k sets (near-ties may be broken differently)."""
-    ref, got = run_step(layer, "reference"), run_step(layer, setting)
+    of z, the overlap of the top-k sets (near-ties may be broken differently), and ``backends``:
+    op -> the backend that ran it under ``setting``."""
+    used: dict[str, str] = {}
+    ref, got = run_step(layer, "reference"), run_step(layer, setting, used=used)
     overlap = []
     for r, g in zip(ref["topk"].tolist(), got["topk"].tolist()):
         rs, gs = {x for x in r if x >= 0}, {x for x in g if x >= 0}
         overlap.append(len(rs & gs) / max(len(rs), 1))
     return dict(attn_diff=calc_diff(got["attn"], ref["attn"]), z_diff=calc_diff(got["z"], ref["z"]),
-                topk_overlap=min(overlap))
+                topk_overlap=min(overlap), backends=used)
+
+
+def describe_backends(used: dict[str, str]) -> str:
+    """Which backend ran which ops, e.g. ``triton: 5 ops; reference: indexer_topk``."""
+    by_backend: dict[str, list[str]] = {}
+    for op, backend in used.items():
+        by_backend.setdefault(backend, []).append(op)
+    if set(by_backend) == {"reference"}:
+        return "every op ran on the reference: this compares the reference with itself"
+    return "; ".join(f"{backend}: " + (f"{len(ops)} ops" if len(ops) > 2 else ", ".join(ops))
+                     for backend, ops in by_backend.items())
 
 
 def time_step(layer: Layer, setting: str) -> str:
@@ -141,16 +166,22 @@ def main(argv=None) -> int:
                         help="backend choices to compare with the reference: 'auto' or DSV4OPS_BACKEND values")
     parser.add_argument("--time", action="store_true", help="time the whole step per setting (GPU)")
     args = parser.parse_args(argv)
+    interpreter_on_cpu(torch.device(args.device), "dsv4ops.examples.decode_step")
     layer = make_layer(T=args.tokens, H=args.heads, context=args.context, index_topk=args.index_topk,
                        device=args.device)
     worst = 0.0
     for setting in args.settings:
-        result = compare_to_reference(layer, setting)
+        try:
+            result = compare_to_reference(layer, setting)
+        except Dsv4opsError as exc:                 # e.g. a setting no backend here can serve: report, go on
+            print(f"{setting:40s} error: {type(exc).__name__}: {exc}", flush=True)
+            worst = math.inf
+            continue
         line = f"{setting:40s} attn calc_diff {result['attn_diff']:.2e}  z calc_diff {result['z_diff']:.2e}  " \
                f"top-k overlap {result['topk_overlap']:.4f}"
         if args.time:
             line += "  " + time_step(layer, setting)
-        print(line, flush=True)
+        print(line + f"\n{'':40s} backends: {describe_backends(result['backends'])}", flush=True)
         worst = max(worst, result["z_diff"])
     return 0 if worst < 1e-3 else 1
 

@@ -30,6 +30,7 @@ from dsv4ops.ops import OPS
 from dsv4ops.sampling import cos_sin_cache
 from dsv4ops.tensors import clone_kwargs
 from dsv4ops.tolerance import calc_diff
+from dsv4ops.backend_support import interpreter_on_cpu
 from dsv4ops.platform import default_device
 from dsv4ops.quant import to_fp8
 
@@ -426,6 +427,7 @@ def main(argv=None) -> int:
                         help="backend choices to compare with the reference: 'auto' or DSV4OPS_BACKEND values")
     parser.add_argument("--time", action="store_true", help="time every step per setting (GPU)")
     args = parser.parse_args(argv)
+    interpreter_on_cpu(torch.device(args.device), "dsv4ops.examples.layer")
     base = PRODUCTION if (args.size or ("production" if "cuda" in args.device else "tiny")) == "production" else TINY
     sizes = replace(base, **{k: tuple(v) if k == "prompts" else v for k, v in vars(args).items()
                              if k in Sizes.__dataclass_fields__ and v is not None})

@@ -31,6 +31,7 @@ from types import SimpleNamespace
 import torch
 
 from dsv4ops import formats
+from dsv4ops.backend_support import interpreter_on_cpu
 from dsv4ops.platform import default_device
 from dsv4ops.quant import to_fp8
 from dsv4ops.sampling import cos_sin_cache, quantize_blocks
@@ -334,6 +335,7 @@ def main(argv=None) -> int:
                         help="backend choices to compare with the reference: 'auto' or DSV4OPS_BACKEND values")
     parser.add_argument("--time", action="store_true", help="time every step per setting (GPU)")
     args = parser.parse_args(argv)
+    interpreter_on_cpu(torch.device(args.device), "dsv4ops.examples.layer41")
     sizes = PRODUCTION if (args.size or ("production" if "cuda" in args.device else "tiny")) == "production" else TINY
     stack = make_stack(sizes, args.device)
     print(f"{sizes}; {sum(s.kind == 'prefill' for s in stack.steps)} prefill steps, "
