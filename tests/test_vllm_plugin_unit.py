@@ -128,3 +128,11 @@ def test_import_dsv4ops_imports_no_vllm():
             "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_a_window_without_live_slots_still_has_a_page():
+    gen = torch.Generator().manual_seed(4)
+    _, view = _strided_cache(3, 2, 584, 2 * 584 + 16, gen)
+    window = PageWindow.for_slots(view, (formats.ds_mla_page_bytes(2),), 2, torch.full((2, 3), -1))
+    assert window.cache.shape == (1, formats.ds_mla_page_bytes(2))
+    assert window.slots(torch.full((2, 3), -1), 2).eq(-1).all()

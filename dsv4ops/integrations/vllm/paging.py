@@ -31,11 +31,11 @@ class PageWindow:
         self.cache = rows.reshape((len(pages),) + page_shape)
 
     @classmethod
-    def for_slots(cls, view, page_shape, block_size: int, *slot_tensors):
-        """The window over every page some slot ``>= 0`` of ``slot_tensors`` falls in."""
-        live = [s[s >= 0].to(torch.int64) for s in slot_tensors]
-        pages = torch.unique(torch.cat(live).div(block_size, rounding_mode="floor")) if live else \
-            torch.zeros(0, dtype=torch.int64, device=view.device)
+    def for_slots(cls, view, page_shape, block_size: int, slots: torch.Tensor):
+        """The window over every page some slot ``>= 0`` of ``slots`` falls in (page 0 when there
+        is none: a call whose every index is -1 still gets a cache of one page)."""
+        live = slots[slots >= 0].to(torch.int64).div(block_size, rounding_mode="floor")
+        pages = torch.unique(live) if live.numel() else torch.zeros(1, dtype=torch.int64, device=view.device)
         return cls(view, pages, page_shape)
 
     def slots(self, slots: torch.Tensor, block_size: int) -> torch.Tensor:
