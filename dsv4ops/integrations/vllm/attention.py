@@ -102,10 +102,14 @@ class Dsv4opsCompressor:
 
 
 @functools.cache
-def with_dsv4ops(base: type) -> type:
-    """``base`` (a vLLM attention or compressor class) with the matching dsv4ops mixin in front."""
-    mixin = Dsv4opsCompressor if "Compressor" in base.__name__ else Dsv4opsAttention
+def with_mixin(mixin: type, base: type) -> type:
+    """The class ``base`` (vLLM's) with ``mixin`` in front, made once per pair."""
     return type(f"Dsv4ops{base.__name__}", (mixin, base), {"__module__": __name__})
+
+
+def with_dsv4ops(attention_class: type) -> type:
+    """vLLM's DeepSeek-V4 attention class with ``Dsv4opsAttention`` in front."""
+    return with_mixin(Dsv4opsAttention, attention_class)
 
 
 class Dsv4opsAttention:
@@ -113,11 +117,10 @@ class Dsv4opsAttention:
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        for name in ("compressor", "indexer"):
-            part = getattr(self, name)
-            compressor = part if name == "compressor" else getattr(part, "compressor", None)
+        indexer_compressor = self.indexer.compressor if self.indexer is not None else None
+        for compressor in (self.compressor, indexer_compressor):
             if compressor is not None:
-                compressor.__class__ = with_dsv4ops(type(compressor))
+                compressor.__class__ = with_mixin(Dsv4opsCompressor, type(compressor))
         if routed("o_proj") and not hasattr(self, "_dsv4ops_wo_a"):
             self._capture_wo_a()
         self._require_dsv4ops()
