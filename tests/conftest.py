@@ -11,13 +11,20 @@ GPU_PRESENT = torch.cuda.is_available()
 _WANTS_A_GPU = re.compile(r"\bneeds (a|two) (\S+ )?(GPU|GPUs|devices)\b", re.I)
 
 
+# CI's quick lane (``pytest -m quick``): every test but the compile-only ones (marked ``slow``) and those
+# that run the kernels through the interpreter case by case at many shapes, which the full lane runs.
+INTERPRETED_AT_LENGTH = ("tests/ops/", "tests/test_conformance.py", "tests/test_strides.py",
+                         "tests/test_fp8_paths.py", "tests/test_example.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    if GPU_PRESENT:
-        return
     skip = pytest.mark.skip(reason="needs a GPU (marked gpu)")
     for item in items:
-        if item.get_closest_marker("gpu"):
+        if item.get_closest_marker("gpu") and not GPU_PRESENT:
             item.add_marker(skip)
+        path = item.nodeid.replace("\\", "/")
+        if not item.get_closest_marker("slow") and not any(path.startswith(p) for p in INTERPRETED_AT_LENGTH):
+            item.add_marker(pytest.mark.quick)
 
 
 @pytest.hookimpl(hookwrapper=True)
