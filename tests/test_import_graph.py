@@ -104,7 +104,7 @@ def test_no_import_cycle():
 
 @pytest.mark.parametrize("leaf", ["dsv4ops.settings", "dsv4ops.errors", "dsv4ops.formats", "dsv4ops.rows",
                                   "dsv4ops.tolerance", "dsv4ops.sampling", "dsv4ops.tensors", "dsv4ops.cost",
-                                  "dsv4ops.cache_checks", "dsv4ops.index_checks"])
+                                  "dsv4ops.cache_checks", "dsv4ops.index_checks", "dsv4ops.deployment"])
 def test_leaf_modules_import_no_feature(leaf):
     """Configuration and the helpers that adapters, references and the harness share depend only on
     one another: never on ops, dispatch, verification or the conformance harness."""
