@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+from typing import Callable
 
 import torch
 
 import dsv4ops
 
-from ...errors import UnsupportedError
+from ...errors import ConfigError, UnsupportedError
 from . import seams
 from .routing import ROUTED_OPS, log
 
@@ -20,46 +21,49 @@ def install() -> None:
 
     problems = seams.check_installed()
     if problems:
-        log.warning("dsv4ops vLLM plugin: seams moved in this vLLM: %s", "; ".join(problems))
-    cpu_model = importlib.import_module(seams.BY_NAME["cpu_attention_class"].module)
-    cpu_model.DeepseekV4CPUAttention = with_dsv4ops(seams.resolve("cpu_attention_class"))
+        raise ConfigError(f"dsv4ops' vLLM plugin does not fit this vLLM (docs/integration.md, supported versions): "
+                          f"{'; '.join(problems)}. Set DSV4OPS_VLLM=0 to run vLLM without it.")
+    _replace("cpu_attention_class", with_dsv4ops)
     if seams.installed_build() == seams.CUDA:
-        _wrap_gpu_attention_class(with_dsv4ops)
-        _wrap_gpu_warmup()
-    _add_splitting_ops()
+        _replace("gpu_attention_class", _selecting(with_dsv4ops))
+        _replace("gpu_warmup", _followed_by_dsv4ops_warmup)
+    _replace("splitting_ops", lambda ops: list(ops) + [f"dsv4ops::{op}" for op in ROUTED_OPS
+                                                       if hasattr(torch.ops.dsv4ops, op) and f"dsv4ops::{op}" not in ops])
 
 
-def _wrap_gpu_attention_class(with_dsv4ops) -> None:
-    seam = seams.BY_NAME["gpu_attention_class"]
-    module = importlib.import_module(seam.module)
-    select = seams.resolve(seam.name)
-
-    @functools.wraps(select)
-    def select_dsv4ops(vllm_config):
-        return with_dsv4ops(select(vllm_config))
-
-    setattr(module, seam.qualname, select_dsv4ops)
+def _replace(name: str, make: Callable) -> None:
+    """Seam ``name``'s object becomes ``make(object)`` where vLLM looks it up."""
+    seam = seams.BY_NAME[name]
+    owner = importlib.import_module(seam.module)
+    *path, leaf = seam.qualname.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    setattr(owner, leaf, make(getattr(owner, leaf)))
 
 
-def _wrap_gpu_warmup() -> None:
-    seam = seams.BY_NAME["gpu_warmup"]
-    module = importlib.import_module(seam.module)
-    warmup = seams.resolve(seam.name)
+def _selecting(with_dsv4ops):
+    def wrap(select):
+        @functools.wraps(select)
+        def select_dsv4ops(vllm_config):
+            return with_dsv4ops(select(vllm_config))
+        return select_dsv4ops
+    return wrap
 
+
+def _followed_by_dsv4ops_warmup(warmup):
     @functools.wraps(warmup)
     def warmup_with_dsv4ops(worker, *args, **kwargs):
         warmup(worker, *args, **kwargs)
         run_warmup(worker.vllm_config, getattr(worker, "device", None))
-
-    setattr(module, seam.qualname, warmup_with_dsv4ops)
+    return warmup_with_dsv4ops
 
 
 def warmup_options(vllm_config) -> dict:
     """``dsv4ops.warmup`` keywords for the served model and vLLM's limits."""
     model = vllm_config.model_config.hf_config
-    tp = vllm_config.parallel_config.tensor_parallel_size
     spec = vllm_config.speculative_config
-    return dict(model="v4-pro" if getattr(model, "index_topk", 512) > 512 else "v4-flash", tp=tp,
+    return dict(model="v4-pro" if getattr(model, "index_topk", 512) > 512 else "v4-flash",
+                tp=vllm_config.parallel_config.tensor_parallel_size,
                 limits=dict(max_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
                             max_context=vllm_config.model_config.max_model_len,
                             next_n=1 + (spec.num_speculative_tokens if spec else 0)))
@@ -73,14 +77,3 @@ def run_warmup(vllm_config, device) -> None:
         log.info("dsv4ops vLLM plugin: no warm-up on this device (%s)", exc)
         return
     log.info("dsv4ops vLLM plugin: warm-up %s", summary)
-
-
-def _add_splitting_ops() -> None:
-    """dsv4ops' torch ops split vLLM's compiled graphs like its own attention ops."""
-    seam = seams.BY_NAME["splitting_ops"]
-    owner = importlib.import_module(seam.module)
-    for part in seam.qualname.split(".")[:-1]:
-        owner = getattr(owner, part)
-    current = list(seams.resolve(seam.name))
-    names = [f"dsv4ops::{op}" for op in ROUTED_OPS if hasattr(torch.ops.dsv4ops, op)]
-    setattr(owner, seam.qualname.rsplit(".", 1)[1], current + [n for n in names if n not in current])
