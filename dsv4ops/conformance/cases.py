@@ -1,6 +1,6 @@
 """Cases: each op's conformance data (its spec's ``conformance``) made runnable.
 
-Tier ``quick``: small shapes that run in seconds on the CPU (the Triton interpreter in CI).
+Tier ``quick``: small shapes for the CPU (the Triton interpreter in CI; its time: ``dsv4ops check --help``).
 Tier ``full``: V4-Flash / V4-Pro production shapes at TP 1-8, for GPUs.
 Each tier is the op's own cases followed by its generated stride / alias family (strides.py).
 """
