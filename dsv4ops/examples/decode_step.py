@@ -25,6 +25,7 @@ import torch
 import dsv4ops
 from dsv4ops import formats
 from dsv4ops.backend_support import interpreter_on_cpu
+from dsv4ops.cli import HelpFormatter
 from dsv4ops.errors import Dsv4opsError
 from dsv4ops.sampling import cos_sin_cache
 from dsv4ops.tolerance import calc_diff
@@ -156,7 +157,7 @@ def time_step(layer: Layer, setting: str) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--device", default=str(default_device()), help="torch device of the layer's tensors")
     parser.add_argument("--tokens", type=int, default=4, help="decode tokens T in the step")
     parser.add_argument("--heads", type=int, default=64, help="attention heads H")

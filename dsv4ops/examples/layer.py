@@ -31,6 +31,7 @@ from dsv4ops.sampling import cos_sin_cache
 from dsv4ops.tensors import clone_kwargs
 from dsv4ops.tolerance import calc_diff
 from dsv4ops.backend_support import interpreter_on_cpu
+from dsv4ops.cli import HelpFormatter
 from dsv4ops.platform import default_device
 from dsv4ops.quant import to_fp8
 
@@ -412,7 +413,7 @@ def format_report(layer: Layer, report: dict) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--device", default=str(default_device()), help="torch device of the layers' tensors")
     parser.add_argument("--size", choices=("production", "tiny"), default=None,
                         help="base sizes (default: production on a GPU, tiny on the CPU); the flags below override")

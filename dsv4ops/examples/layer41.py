@@ -32,6 +32,7 @@ import torch
 
 from dsv4ops import formats
 from dsv4ops.backend_support import interpreter_on_cpu
+from dsv4ops.cli import HelpFormatter
 from dsv4ops.platform import default_device
 from dsv4ops.quant import to_fp8
 from dsv4ops.sampling import cos_sin_cache, quantize_blocks
@@ -327,7 +328,7 @@ def time_stack(stack: Stack, setting: str) -> list[str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=HelpFormatter)
     parser.add_argument("--device", default=str(default_device()), help="torch device of the tensors")
     parser.add_argument("--size", choices=("production", "tiny"), default=None,
                         help="sizes (default: production on a GPU, tiny on the CPU)")
