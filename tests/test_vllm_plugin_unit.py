@@ -11,6 +11,7 @@ from dsv4ops import formats, settings
 from dsv4ops.errors import ConfigError
 from dsv4ops.integrations import vllm as plugin
 from dsv4ops.integrations.vllm import calls, routing
+from dsv4ops.integrations.vllm.mapping import dense_compressed_local, fp8_weight_blocks, window_local
 from dsv4ops.integrations.vllm.paging import PageWindow, table_pages
 
 
@@ -136,3 +137,25 @@ def test_a_window_without_live_slots_still_has_a_page():
     window = PageWindow.for_slots(view, (formats.ds_mla_page_bytes(2),), 2, torch.full((2, 3), -1))
     assert window.cache.shape == (1, formats.ds_mla_page_bytes(2))
     assert window.slots(torch.full((2, 3), -1), 2).eq(-1).all()
+
+
+def test_window_and_dense_selections():
+    positions = torch.tensor([0, 2, 9])
+    local = window_local(positions, 4)
+    assert local.tolist() == [[0, -1, -1, -1], [0, 1, 2, -1], [6, 7, 8, 9]]
+    dense = dense_compressed_local(torch.tensor([2, 3, 9]), 4, 3)
+    assert dense.tolist() == [[-1, -1, -1], [0, -1, -1], [0, 1, -1]]
+
+
+def test_wo_a_blocks_dequantize_to_the_weight():
+    gen = torch.Generator().manual_seed(5)
+    groups, rows, K = 2, 128, 256
+    weight = (torch.randn(groups * rows, K, generator=gen) * torch.rand(groups * rows, 1, generator=gen)).bfloat16()
+    b, b_scale = fp8_weight_blocks(weight, None, groups, rows)
+    assert b.dtype == torch.float8_e4m3fn and b.shape == (groups, rows, K) and b_scale.shape == (groups, 1, 2)
+    back = b.float() * b_scale.repeat_interleave(128, 1).repeat_interleave(128, 2)
+    ref = weight.float().view(groups, rows, K)
+    assert torch.all((back - ref).abs() <= 2 ** -3 * ref.abs() + b_scale.max() * 2 ** -9)
+    # an FP8 checkpoint's weight and block scales are taken as they are
+    b2, s2 = fp8_weight_blocks(b.reshape(groups * rows, K), b_scale.reshape(groups, 2), groups, rows)
+    assert torch.equal(b2.view(torch.uint8), b.view(torch.uint8)) and torch.equal(s2, b_scale)
