@@ -164,6 +164,7 @@ CHECK_WIDTH = 120
 def cmd_check(args) -> int:
     from .backend_support import interpreter_on_cpu
     from .conformance import LEGEND, result_rows, select_cases, summarize, to_json, unavailable_backends
+    from .conformance.versions import run_meta, verified_pairs
 
     device = parse_device(args.device)
     ops, names = parse_ops(args.ops), parse_backends(args.backends)
@@ -209,7 +210,8 @@ def cmd_check(args) -> int:
     if json_file:
         meta = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     platform=str(plat), device=plat.device_name, tier=args.tier, seed=args.seed,
-                    libraries=dict(plat.libraries), command=" ".join(["dsv4ops"] + sys.argv[1:]))
+                    libraries=dict(plat.libraries), command=" ".join(["dsv4ops"] + sys.argv[1:]),
+                    **run_meta(verified_pairs(result_rows(results))))
         with json_file:
             json_file.write(to_json(results, meta))
     passed = sum(r.status == "pass" for r in results)

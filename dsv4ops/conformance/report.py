@@ -8,30 +8,100 @@ import textwrap
 from pathlib import Path
 
 from .._table import render_table
-from . import summarize
+from ..ops import OP_NAMES
+from . import summarize, versions
+from .cases import cases
+
+WIDTH = 100
 
 
 def verified_table(folder: Path) -> str:
-    rows, libraries = [], {}
-    artifacts = sorted(folder.glob("*.json"))
+    """docs/verified.md's text from the artifacts of ``folder`` (and its versions.json)."""
+    derived = versions.load_versions(folder)
+    artifacts = versions.artifacts(folder)
+    runs, rows, stale, libraries, reference_rows = [], [], [], {}, 0
     for path in artifacts:
         data = json.loads(path.read_text())
+        meta = data["meta"]
+        recorded = meta.get("sources", derived.get(path.name, {}).get("sources"))
+        commit = meta.get("commit", derived.get(path.name, {}).get("commit", "unknown"))
+        forced = ", ".join(f"{k}={v}" for k, v in sorted(meta.get("settings", {}).items())) or "-"
+        runs.append((path.name, meta["device"], meta["tier"], meta["date"][:10], commit, forced))
         for (backend, op), cell in sorted(summarize(data["results"]).items()):
-            if cell.passed or cell.failed or cell.errors:
-                rows.append((backend, op, data["meta"]["device"], data["meta"]["tier"], cell.text, path.name))
-        for release in data["meta"].get("libraries", {}).values():
+            if not (cell.passed or cell.failed or cell.errors):
+                continue
+            if backend == "reference":
+                reference_rows += cell.passed + cell.failed + cell.errors
+                continue
+            version, state, changed = row_version(backend, op, recorded)
+            rows.append((backend, op, meta["device"].removeprefix("NVIDIA "), cell.text, version, state, path.name))
+            if changed:
+                stale.append(f"{path.name} {backend} {op}: {', '.join(changed)}")
+        for release in meta.get("libraries", {}).values():
             libraries.setdefault(release, []).append(path.name)
-    return ("# What was verified where\n\nGenerated from `docs/conformance/*.json` by "
-            "`python -m dsv4ops.conformance.report docs/conformance`. The reference and the Triton backend "
-            "(interpreter) also run the quick tier in CI on every change. The vendor adapters listed after this "
-            "table have not run on hardware: contract tests exercise them in CI (the adapter code against "
-            "fakes of the vendors' kernels, on simulated platforms), some also against the signatures of an "
-            "installed release. Anything not listed is unverified.\n\n"
-            "```\n" + render_table(("backend", "op", "device", "tier", "result", "artifact"), rows) + "\n```\n\n"
+    return (INTRO
+            + "## Runs\n\n```\n" + render_table(("artifact", "device", "tier", "date", "commit", "forced"), runs)
+            + "\n```\n\n" + textwrap.fill(RUNS_NOTE, WIDTH) + "\n\n"
+            + "## Rows\n\n```\n" + render_table(("backend", "op", "device", "result", "kernels", "now", "artifact"),
+                                                  rows) + "\n```\n\n" + textwrap.fill(ROWS_NOTE, WIDTH) + "\n\n"
+            + "Stale rows and their files changed since the run (`backends/` omitted):\n\n"
+            + "".join(f"- {line}\n" for line in stale or ["none"]) + "\n"
+            + textwrap.fill(f"Reference only: {reference_rows + quick_cases()} cases (the reference compared with "
+                            f"itself: not verification): the quick tier's {quick_cases()} cases, which "
+                            f"`dsv4ops check --include-reference` adds" + (f", and {reference_rows} rows of the "
+                            f"artifacts above" if reference_rows else "") + "; none of them is counted above.",
+                            WIDTH) + "\n\n"
             + textwrap.fill("Releases installed in those runs (from the artifacts): " + "; ".join(
                 f"{release} ({'every artifact' if len(names) == len(artifacts) else ', '.join(names)})"
-                for release, names in libraries.items()) + ".", 100) + "\n\n"
+                for release, names in libraries.items()) + ".", WIDTH) + "\n\n"
             + CONTRACT_ONLY + TRITON_SOFTWARE_FP8)
+
+
+def row_version(backend: str, op: str, recorded: dict | None) -> tuple[str, str, list[str]]:
+    """(kernel version the row verified, "current" / "stale" / "unknown", the files changed since) for
+    ``backend``'s ``op`` given a run's recorded file hashes (None: the run recorded none)."""
+    files = versions.implementation_files(backend, op)
+    if recorded is None or not files:
+        return "unknown", "unknown", []
+    then = {path: recorded.get(path) for path in files}
+    changed = [path.removeprefix("backends/") for path, digest in versions.source_hashes(files).items()
+               if then[path] != digest]
+    return versions.kernel_version(then), "stale" if changed else "current", changed
+
+
+def quick_cases() -> int:
+    return sum(len(cases(op, "quick")) for op in OP_NAMES)
+
+
+INTRO = """# What was verified where
+
+Generated from `docs/conformance/*.json` by `python -m dsv4ops.conformance.report docs/conformance`:
+each run on a GPU (`dsv4ops check --json`), then each (backend, op) it verified, with the version of
+the kernels it verified and whether today's sources are still that version. The Triton backend
+(interpreter) and the composed backend also run the quick tier in CI on every change. The vendor
+adapters listed after the rows have not run on hardware: contract tests exercise them in CI (the
+adapter code against fakes of the vendors' kernels, on simulated platforms), some also against the
+signatures of an installed release. Anything not listed is unverified.
+
+"""
+
+RUNS_NOTE = (
+    "commit: the commit the run recorded (`dsv4ops check --json` writes it, `-dirty` when the checkout "
+    "differed from it); for artifacts that record none, the commit that recorded the artifact "
+    "(`docs/conformance/versions.json`, written from git history by `python -m dsv4ops.conformance.versions "
+    "docs/conformance`), the nearest the history comes to the run's sources. forced: the settings that chose "
+    "a backend or a kernel path in that run (DSV4OPS_BACKEND, DSV4OPS_PLATFORM, DSV4OPS_TRITON_TUNING, "
+    "DSV4OPS_TUNING_TABLE).")
+
+ROWS_NOTE = (
+    "result: as `dsv4ops check` prints it (pass N: N cases matched the reference; (W): the worst case's error "
+    "in units of the op's tolerance; M declined: cases the backend cannot serve there). kernels: a hash over "
+    "the sources of the backend's implementation of the op as they were in that run (its module and the "
+    "backend modules it imports, `dsv4ops.conformance.versions`); now: current where today's sources hash "
+    "the same, stale where a file changed since (listed below), unknown where the run recorded nothing. A "
+    "stale row verified earlier sources: a change of a listed file need not have touched the kernel (a "
+    "warm-up helper added, say); `git diff <commit> -- <files>` tells. The composed backend's version covers its composition, its parts' "
+    "kernels are those of the other rows.")
 
 
 # (backend, op) pairs not run on hardware here, and how they were checked instead.
@@ -84,13 +154,15 @@ other AMD GPUs without FP8 MMA) run the Triton kernels' software fp8 path (docs/
 case of every op for cuda:sm80, sm86 and rocm:gfx90a, gfx1100 (CI); CI runs the quick tier through
 the path under the interpreter and checks that its writers write the FP8 path's bytes
 (`tests/test_fp8_paths.py`). The hardware stand-in, the full tier with the path forced on the H100
-(`tools/run_fp8_paths.sh`), has not run yet; its artifact will be listed in the table above.
+(`tools/run_fp8_paths.sh`: `DSV4OPS_TRITON_TUNING=fp8_path=soft`), ran over every op on 2026-11-26
+(`H100-fp8-software.json`) and for the compressor again on 2026-11-27 (`H100-compress-fp8soft.json`);
+the runs and rows above say which of their kernels have changed since.
 """
 
 
 def main(argv=None) -> int:
     folder = Path((argv or sys.argv[1:] or ["docs/conformance"])[0])
-    (folder.parent / "verified.md").write_text(verified_table(folder))
+    (folder.parent / "verified.md").write_text(verified_table(folder), encoding="utf-8")
     return 0
 
 
