@@ -30,7 +30,7 @@ VARIABLES = {
 }
 
 # Variables the test suite and CI read (not dsv4ops): known names, so never warned about.
-TEST_VARIABLES = ("DSV4OPS_TIER", "DSV4OPS_VENDOR_WHEELS")
+TEST_VARIABLES = ("DSV4OPS_TIER", "DSV4OPS_VENDOR_WHEELS", "DSV4OPS_VLLM_WHEEL")
 
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 VERIFY_ACTIONS = ("log", "raise")
