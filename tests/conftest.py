@@ -11,10 +11,11 @@ GPU_PRESENT = torch.cuda.is_available()
 _WANTS_A_GPU = re.compile(r"\bneeds (a|two) (\S+ )?(GPU|GPUs|devices)\b", re.I)
 
 
-# CI's quick lane (``pytest -m quick``): every test but the compile-only ones (marked ``slow``) and those
-# that run the kernels through the interpreter case by case at many shapes, which the full lane runs.
-INTERPRETED_AT_LENGTH = ("tests/ops/", "tests/test_conformance.py", "tests/test_strides.py",
-                         "tests/test_fp8_paths.py", "tests/test_example.py")
+# CI's quick lane (``pytest -m quick``): every test but the compile-only ones (marked ``slow``) and the
+# files that take minutes on one core, which the full lane runs: the kernels through the interpreter case
+# by case at many shapes, and every vendor adapter's calls simulated against its fake.
+FULL_LANE_ONLY = ("tests/ops/", "tests/test_conformance.py", "tests/test_strides.py", "tests/test_fp8_paths.py",
+                  "tests/test_example.py", "tests/test_vendor_contracts.py")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -23,7 +24,7 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("gpu") and not GPU_PRESENT:
             item.add_marker(skip)
         path = item.nodeid.replace("\\", "/")
-        if not item.get_closest_marker("slow") and not any(path.startswith(p) for p in INTERPRETED_AT_LENGTH):
+        if not item.get_closest_marker("slow") and not any(path.startswith(p) for p in FULL_LANE_ONLY):
             item.add_marker(pytest.mark.quick)
 
 
