@@ -24,7 +24,7 @@ from vllm.forward_context import get_forward_context
 from ... import formats
 from . import calls as representative
 from .mapping import dense_compressed_local, fp8_weight_blocks, window_local
-from .paging import PageWindow, table_pages
+from .paging import PageWindow, request_keys, table_pages
 from .routing import call, require, routed
 
 DS_MLA = "fp8_ds_mla"
@@ -155,23 +155,39 @@ class Dsv4opsAttention:
 
     def _indexer_topk(self, index_q, weights, positions) -> None:
         """Fill vLLM's ``topk_indices_buffer`` with each token's request-local top-k compressed
-        entries: every token is a row of ``paged_mqa_topk`` over its request's key pages, with
-        ``(p + 1) // ratio`` keys (the causal count, decode and prefill alike)."""
+        entries, over ``(p + 1) // ratio`` keys of its request (the causal count): decode tokens are
+        rows of ``paged_mqa_topk`` over their request's key pages; prefill tokens run ``mqa_topk``
+        over their requests' keys gathered into one buffer."""
         metadata = get_forward_context().attn_metadata
         keys = metadata[self.indexer.k_cache.prefix]
         swa = metadata[self.swa_cache_layer.prefix]
-        tokens = keys.slot_mapping.shape[0]
+        tokens, decode = keys.slot_mapping.shape[0], keys.num_decode_tokens
         view = self.indexer.k_cache.kv_cache
         block = view.shape[1]
         lens = torch.div(positions[:tokens] + 1, self.compress_ratio, rounding_mode="floor").to(torch.int32)
-        table = keys.block_table[swa.token_to_req_indices[:tokens].to(torch.int64)]
+        req = swa.token_to_req_indices[:tokens].to(torch.int64)
+        table = keys.block_table[req]
         pages = table_pages(table, torch.div(lens + block - 1, block, rounding_mode="floor"), view.shape[0])
         window = PageWindow(view, pages, _index_page(block))
+        table = window.block_table(table)
         topk = self.indexer.topk_tokens
-        idx = call("paged_mqa_topk", index_q[:tokens].unsqueeze(1), window.cache, weights[:tokens], lens,
-                   window.block_table(table), -(-self.max_model_len // self.compress_ratio), topk)
-        self.topk_indices_buffer[:tokens] = -1
-        self.topk_indices_buffer[:tokens, :topk] = idx
+        buffer = self.topk_indices_buffer
+        buffer[:tokens] = -1
+        if decode:
+            buffer[:decode, :topk] = call("paged_mqa_topk", index_q[:decode].unsqueeze(1), window.cache,
+                                          weights[:decode], lens[:decode], table[:decode],
+                                          -(-self.max_model_len // self.compress_ratio), topk)
+        if tokens > decode:
+            rows = slice(decode, tokens)
+            requests, row_request = torch.unique(req[rows], return_inverse=True)
+            counts = torch.zeros(len(requests), dtype=torch.int32, device=lens.device).scatter_reduce(
+                0, row_request, lens[rows], "amax")
+            first_row = torch.zeros_like(requests).scatter_reduce(0, row_request, torch.arange(
+                tokens - decode, device=lens.device), "amin", include_self=False)
+            k, k_scale, offsets = request_keys(window.cache, table[rows][first_row], counts)
+            starts = offsets[row_request].to(torch.int32)
+            buffer[rows, :topk] = call("mqa_topk", index_q[rows], k, k_scale, weights[rows], starts,
+                                       starts + lens[rows], topk)
 
     def forward_mqa(self, q, kv, positions, output) -> None:
         metadata = get_forward_context().attn_metadata

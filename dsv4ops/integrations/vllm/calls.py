@@ -80,7 +80,11 @@ def indexer(cfg: LayerConfig) -> list:
     return [("paged_mqa_topk",
              (_rand(cfg, 1, 1, cfg.index_heads, 128, dtype=torch.float8_e4m3fn), keys,
               _rand(cfg, 1, cfg.index_heads, dtype=torch.float32), _ints(cfg, 1) + 1, _ints(cfg, 1, 1), INDEX_BLOCK,
-              cfg.index_topk), {})]
+              cfg.index_topk), {}),
+            ("mqa_topk",
+             (_rand(cfg, 1, cfg.index_heads, 128, dtype=torch.float8_e4m3fn), _rand(cfg, 4, 128, dtype=torch.float8_e4m3fn),
+              torch.ones(4, dtype=torch.float32, device=cfg.device), _rand(cfg, 1, cfg.index_heads, dtype=torch.float32),
+              _ints(cfg, 1), _ints(cfg, 1) + 4, cfg.index_topk), {})]
 
 
 def compressor(cfg: LayerConfig) -> list:

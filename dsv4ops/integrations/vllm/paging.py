@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from ... import formats
+
 
 class PageWindow:
     """The pages ``pages`` (int64, sorted, distinct) of ``view`` (``[num_blocks, ...]``, any page
@@ -65,3 +67,19 @@ def table_pages(table: torch.Tensor, lens_in_blocks: torch.Tensor, num_blocks: i
     cols = torch.arange(table.shape[1], device=table.device)
     used = cols[None, :] < lens_in_blocks[:, None]
     return torch.unique(table[used].to(torch.int64).clamp(0, num_blocks - 1))
+
+
+def request_keys(cache: torch.Tensor, table: torch.Tensor, counts: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first ``counts[r]`` indexer keys of each request ``r`` in one buffer, request after
+    request (``mqa_topk``'s keys): cache a contiguous 132 B key cache, table int ``[R, max_blocks]``
+    its page ids per request, counts int ``[R]``. Returns fp8 ``[S, 128]``, fp32 ``[S]`` and the
+    int64 ``[R]`` offset of each request's first key."""
+    values, scales = formats.index_key_views(cache)
+    block = cache.shape[1]
+    counts = counts.to(torch.int64)
+    offsets = torch.cumsum(counts, 0) - counts
+    owner = torch.repeat_interleave(torch.arange(len(counts), device=cache.device), counts)
+    column = torch.arange(owner.numel(), device=cache.device) - offsets[owner]
+    page = table[owner, column.div(block, rounding_mode="floor")].to(torch.int64)
+    return values[page, column % block].contiguous(), scales[page, column % block].contiguous(), offsets

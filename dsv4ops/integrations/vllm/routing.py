@@ -22,7 +22,7 @@ log = logging.getLogger("vllm.dsv4ops")     # under vLLM's logger, so its handle
 STEPS = {
     "insert": ("qnorm_rope_kv_insert",),
     "attention": ("sparse_mla_decode", "sparse_mla_prefill"),
-    "indexer": ("paged_mqa_topk",),
+    "indexer": ("paged_mqa_topk", "mqa_topk"),
     "compressor": ("compress_kv_insert",),
     "o_proj": ("inv_rope_fp8_quant", "fp8_einsum"),
 }
