@@ -12,7 +12,7 @@ from dsv4ops.errors import ConfigError
 from dsv4ops.integrations import vllm as plugin
 from dsv4ops.integrations.vllm import calls, routing
 from dsv4ops.integrations.vllm.mapping import dense_compressed_local, fp8_weight_blocks, window_local
-from dsv4ops.integrations.vllm.paging import PageWindow, table_pages
+from dsv4ops.integrations.vllm.paging import PageWindow, request_keys, table_pages
 
 
 def _strided_cache(num_blocks, block_size, record, pitch, gen):
@@ -159,3 +159,16 @@ def test_wo_a_blocks_dequantize_to_the_weight():
     # an FP8 checkpoint's weight and block scales are taken as they are
     b2, s2 = fp8_weight_blocks(b.reshape(groups * rows, K), b_scale.reshape(groups, 2), groups, rows)
     assert torch.equal(b2.view(torch.uint8), b.view(torch.uint8)) and torch.equal(s2, b_scale)
+
+
+def test_request_keys_gathers_each_requests_prefix_in_order():
+    gen = torch.Generator().manual_seed(6)
+    keys = torch.randn(4, 2, 128, generator=gen)
+    cache = formats.pack_index_keys(keys, scale_fmt="ue8m0")
+    table = torch.tensor([[3, 0, 1], [2, 1, 0]], dtype=torch.int32)
+    k, k_scale, offsets = request_keys(cache, table, torch.tensor([3, 1]))
+    assert offsets.tolist() == [0, 3]
+    dequantized = k.float() * k_scale[:, None]
+    expected = torch.stack([keys[3, 0], keys[3, 1], keys[0, 0], keys[2, 0]])
+    assert torch.allclose(dequantized, formats.unpack_index_keys(cache)[[3, 3, 0, 2], [0, 1, 0, 0]])
+    assert torch.allclose(dequantized, expected, rtol=2 ** -3, atol=k_scale.max().item())
