@@ -170,6 +170,92 @@ def test_suite_catches_broken_implementation(op, impl, params):
         unregister_backend("broken")
 
 
+# --- scales one step off on every block: allowed only where a block's amax is at the boundary ----
+
+def _double_ue8m0_blocks(values: torch.Tensor, scales: torch.Tensor, block: int):
+    """In place: each UE8M0 scale byte ``[..., n]`` one power of two up, its e4m3 values ``[..., n *
+    block]`` (uint8) halved to match (a writer that always rounds its scale up)."""
+    scales += 1
+    halved = values.view(torch.float8_e4m3fn).float() / 2
+    values.copy_(dsv4ops.quant.to_fp8(halved).view(torch.uint8))
+
+
+def _written_records(cache, layout, bs, slots):
+    data, scales = dsv4ops.formats.record_views(cache, layout, bs)
+    return data[slots // bs, slots % bs], scales[slots // bs, slots % bs], data, scales
+
+
+def insert_doubling_rope_scales(**kw):
+    result = _ref("qnorm_rope_kv_insert")(**kw)
+    slots = kw["slot_mapping"][kw["slot_mapping"] >= 0].long()
+    values, scales, data, scale_view = _written_records(kw["kv_cache"], kw["layout"], kw["block_size"], slots)
+    rope = dsv4ops.formats.NOPE_DIM // 32                           # the two RoPE blocks of 32
+    _double_ue8m0_blocks(values[:, rope * 32:], scales[:, rope:], 32)
+    data[slots // kw["block_size"], slots % kw["block_size"]] = values
+    scale_view[slots // kw["block_size"], slots % kw["block_size"]] = scales
+    return result
+
+
+def _compress_slots(kw):
+    from dsv4ops.ops.compress_kv_insert import entries_written
+    return kw["slot_mapping"][entries_written(kw)].long()
+
+
+def compress_doubling_scales(**kw):
+    _ref("compress_kv_insert")(**kw)
+    slots, bs = _compress_slots(kw), kw["block_size"]
+    values, scales, data, scale_view = _written_records(kw["kv_cache"], kw["layout"], bs, slots)
+    _double_ue8m0_blocks(values, scales, 32)
+    data[slots // bs, slots % bs], scale_view[slots // bs, slots % bs] = values, scales
+
+
+def compress_nvfp4_scale_code_up(**kw):
+    _ref("compress_kv_insert")(**kw)
+    slots, bs = _compress_slots(kw), kw["block_size"]
+    packed, scales, data, scale_view = _written_records(kw["kv_cache"], kw["layout"], bs, slots)
+    quant = dsv4ops.quant
+    x = quant.decode_nvfp4(packed, scales).reshape(len(slots), -1, quant.NV_BLOCK)
+    up = scales + 1
+    codes = quant.e2m1_code(x / up.view(torch.float8_e4m3fn).float()[..., None]).reshape(len(slots), -1)
+    data[slots // bs, slots % bs] = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    scale_view[slots // bs, slots % bs] = up
+
+
+def inv_rope_doubling_scales(**kw):
+    values, scales = _ref("inv_rope_fp8_quant")(**kw)
+    return dsv4ops.quant.to_fp8(values.float() / 2), scales * 2
+
+
+SCALE_STEP_BROKEN = [
+    ("qnorm_rope_kv_insert", insert_doubling_rope_scales, dict(T=6, H=2, layout="mxfp8_v41", block_size=16,
+                                                               num_blocks=2, skip_slots=0)),
+    ("compress_kv_insert", compress_doubling_scales, dict(layout="mxfp8_v41", ratio=2, reqs=((1, 8), (6, 7)),
+                                                          decode=3, block_size=4)),
+    ("compress_kv_insert", compress_nvfp4_scale_code_up, dict(layout="nvfp4_v41", ratio=1, reqs=((0, 5), (9, 8)),
+                                                              block_size=4)),
+    ("inv_rope_fp8_quant", inv_rope_doubling_scales, dict(T=5, H=16, n_groups=2)),
+    ("inv_rope_fp8_quant", inv_rope_doubling_scales, dict(T=5, H=16, n_groups=2, block=32)),
+]
+
+
+@pytest.mark.parametrize("op,impl,params", SCALE_STEP_BROKEN, ids=[f"{f.__name__}-{i}" for i, (_, f, _)
+                                                                      in enumerate(SCALE_STEP_BROKEN)])
+def test_suite_catches_a_scale_one_step_off_everywhere(op, impl, params):
+    """A writer whose every block scale is one step off the reference's (its values rescaled to
+    match, so they stay within one e4m3 / e2m1 step): conformance fails on the scale rule, which
+    allows the step only for blocks whose amax is at the boundary between the two scales."""
+    broken = register_backend(Backend("broken", ("cpu", "cuda")))
+    broken.implements(op, lambda args: impl(**args._asdict()), priority=-1)
+    try:
+        case = make_case(op, **params)
+        result = run_case(case, "broken", "cpu", seed=3)
+        assert result.status == "fail" and "scales:" in result.message and "boundary" in result.message, result
+        assert "dequantized values" not in result.message, result    # the scale rule, not the value rule
+        assert run_case(case, "reference", "cpu", seed=3).status == "pass"
+    finally:
+        unregister_backend("broken")
+
+
 def test_cli_check_reports_and_exits(tmp_path, capsys):
     from dsv4ops.cli import main
     path = tmp_path / "r.json"

@@ -18,7 +18,8 @@ from ..formats import Layout
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, define
 from ..sampling import change, cos_sin_cache, randint, randn, set_args, to_device
 from ..shapes import C4_BLOCK, C128_BLOCK
-from ..tolerance import Collector, Verdict, bf16_ulp_close, fp8_blocks_close
+from ..tolerance import (BF16_ROUNDING, Collector, Verdict, bf16_ulp_close, block_amax, fp8_blocks_close,
+                         scale_step_allowed)
 
 STATE_ARGS = ("state_cache", "state_slot_mapping", "state_block_table", "token_to_req")   # None for ratio 1
 V41_EPS = 1e-20                 # DeepSeek-V4.1's rms_norm_eps (the conformance cases' eps for ratios 2, 1)
@@ -256,10 +257,10 @@ def entries_written(kw: dict) -> torch.Tensor:
 
 
 def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
-    """State cache bit-exact (a copy and one fp32 add); each written entry's scales equal up to one
-    power of two (one e4m3 code for NVFP4) and its values within one fp8 / e2m1 step (the pooled
-    values may round differently by an fp32 ulp), fp8_ds_mla's RoPE bf16 values within one ulp;
-    every other cache byte exact."""
+    """State cache bit-exact (a copy and one fp32 add); each written entry's scales equal, or one
+    power of two (one e4m3 code for NVFP4) off where the block's amax is at the boundary between the
+    two (the bf16 entries may differ by an ulp), and its values within one fp8 / e2m1 step,
+    fp8_ds_mla's RoPE bf16 values within one ulp; every other cache byte exact."""
     c = Collector()
     kw = ref_kwargs
     if kw["state_cache"] is not None:
@@ -282,18 +283,22 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
         page[block[:, None], off[:, None] * layout.data_bytes + ar(layout.data_bytes)] = True
         page[block[:, None], bs * layout.data_bytes + off[:, None] * layout.scale_bytes + ar(layout.scale_bytes)] = True
         got_e, ref_e = (gv[block, off], gs[block, off]), (rv[block, off], rs[block, off])
+    entries = OP.spec.reference_function("entry_rows")(OP.validate_call(**kw).args)[2]
     if layout.kind in (Layout.NVFP4, Layout.INDEX_MXFP4):
-        fp4_records_close(c, "entries", got_e, ref_e, layout)
+        fp4_records_close(c, "entries", got_e, ref_e, layout, block_amax(entries, layout.scale_block))
     elif layout.kind == Layout.MXFP8:
         ue8m0 = lambda e: (e[0].view(torch.float8_e4m3fn), quant.ue8m0_to_float(e[1]))
-        fp8_blocks_close(c, "entries", ue8m0(got_e), ue8m0(ref_e), layout.scale_block)
+        fp8_blocks_close(c, "entries", ue8m0(got_e), ue8m0(ref_e), layout.scale_block,
+                         block_amax(entries, layout.scale_block), BF16_ROUNDING)
     elif layout.is_ds_mla:
         nope = lambda e: (e[0][:, : formats.NOPE_DIM].view(torch.float8_e4m3fn),
                           quant.ue8m0_to_float(e[1][:, : formats.NUM_TILES]))
-        fp8_blocks_close(c, "entries", nope(got_e), nope(ref_e), formats.TILE)
+        fp8_blocks_close(c, "entries", nope(got_e), nope(ref_e), formats.TILE,
+                         block_amax(entries[:, : formats.NOPE_DIM], formats.TILE), BF16_ROUNDING)
         bf16_ulp_close(c, "entry RoPE bytes", got_e[0][:, formats.NOPE_DIM:], ref_e[0][:, formats.NOPE_DIM:])
     else:
-        fp8_blocks_close(c, "keys", (got_e[0], got_e[1][:, None]), (ref_e[0], ref_e[1][:, None]), formats.INDEX_DIM)
+        fp8_blocks_close(c, "keys", (got_e[0], got_e[1][:, None]), (ref_e[0], ref_e[1][:, None]), formats.INDEX_DIM,
+                         block_amax(entries, formats.INDEX_DIM), BF16_ROUNDING)
     mismatch = (got != ref) & ~owned
     c.require(not bool(mismatch.any()), f"kv_cache: {int(mismatch.sum())} bytes differ outside the written "
               f"entries' values and scales (pad bytes, other slots, page padding)")
@@ -305,11 +310,13 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
     return c.verdict()
 
 
-def fp4_records_close(c: Collector, name: str, got: tuple, ref: tuple, layout: Layout) -> None:
+def fp4_records_close(c: Collector, name: str, got: tuple, ref: tuple, layout: Layout, amax: Tensor) -> None:
     """e2m1 records (packed ``[N, D / 2]``, scale bytes ``[N, D / block]``: NVFP4's e4m3 bytes or
-    MXFP4's UE8M0 bytes): each scale byte equal to the reference's or one code (one power of two for
-    UE8M0) off, each dequantized value within one e2m1 step (at the larger scale, plus 2^-3 of it)
-    of the reference's (the bf16 entries may differ by an ulp)."""
+    MXFP4's UE8M0 bytes): each scale byte equal to the reference's, or one code (one power of two for
+    UE8M0) off where the reference block's ``amax`` (before rounding) lies within one bf16 ulp of the
+    boundary between the two (NVFP4: 6 times the midpoint of the two e4m3 values, MXFP4: 6 times the
+    smaller scale); each dequantized value within one e2m1 step (at the larger scale, plus 2^-3 of
+    it) of the reference's (the bf16 entries may differ by an ulp)."""
     (gp, gs), (rp, rs) = got, ref
     if gp.numel() == 0:
         return
@@ -318,8 +325,11 @@ def fp4_records_close(c: Collector, name: str, got: tuple, ref: tuple, layout: L
                                              f"code from the reference's")
     if layout.kind == Layout.NVFP4:
         decode, scale_of = quant.decode_nvfp4, lambda s: s.view(torch.float8_e4m3fn).float()
+        boundary = 3 * (scale_of(gs).double() + scale_of(rs).double())
     else:
         decode, scale_of = quant.decode_mxfp4, quant.ue8m0_to_float
+        boundary = quant.E2M1_MAX * torch.minimum(scale_of(gs), scale_of(rs)).double()
+    scale_step_allowed(c, name, code_diff == 1, amax, boundary, BF16_ROUNDING)
     got_x, ref_x = decode(gp, gs), decode(rp, rs)
     scale = torch.maximum(scale_of(gs), scale_of(rs)).repeat_interleave(layout.scale_block, -1)
     step = torch.where(ref_x.abs() >= 4 * scale, 2.0, torch.where(ref_x.abs() >= 2 * scale, 1.0, 0.5))

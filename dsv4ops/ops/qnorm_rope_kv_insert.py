@@ -15,7 +15,8 @@ from ..formats import Layout
 from ..opspec import Arg, BenchShapes, Conformance, OpSpec, Scale, define
 from ..sampling import change, cos_sin_cache, randint, randn, random_cache_bytes, set_args, to_device
 from ..shapes import ATTENTION_LAYOUTS, HEADS_PER_RANK, MAX_HEADS, SWA_BLOCK
-from ..tolerance import Collector, Verdict, bf16_ulp_close, close, fp8_blocks_close, fp8_ulp_close
+from ..tolerance import (BF16_ROUNDING, Collector, Verdict, bf16_ulp_close, block_amax, close, fp8_blocks_close,
+                         fp8_ulp_close)
 
 
 def check(c: Checker, a):
@@ -130,7 +131,8 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
                   f"{torch.nonzero(mismatch)[0].tolist() if mismatch.any() else None}")
     elif layout.kind == Layout.MXFP8:
         slots = ref_kwargs["slot_mapping"]
-        _compare_mxfp8_cache(c, got_cache, ref_cache, layout, bs, slots[slots >= 0])
+        rows = OP.spec.reference_function("cache_rows")(OP.validate_call(**ref_kwargs).args)[: slots.shape[0]]
+        _compare_mxfp8_cache(c, got_cache, ref_cache, layout, bs, slots[slots >= 0], rows[slots >= 0])
     elif layout.kind == Layout.BF16:
         close(c, "cache", got_cache, ref_cache, atol=1e-6, rtol=2 ** -7)
         nope_same = torch.equal(got_cache[..., : formats.NOPE_DIM].view(torch.int16),
@@ -145,15 +147,19 @@ def compare(params, ref_kwargs, ref_result, got_kwargs, got_result) -> Verdict:
 
 
 def _compare_mxfp8_cache(c: Collector, got: torch.Tensor, ref: torch.Tensor, layout: Layout, bs: int,
-                         slots: torch.Tensor) -> None:
-    """At the written ``slots``: NoPE blocks (values and scale bytes) byte for byte, the two RoPE
-    blocks within one e4m3 step (the rotated bf16 values may differ by an ulp); every other byte exact."""
+                         slots: torch.Tensor, rows: torch.Tensor) -> None:
+    """At the written ``slots`` (the reference's unquantized ``rows`` [N, 512] fp32 there): NoPE blocks
+    (values and scale bytes) byte for byte, the two RoPE blocks within one e4m3 step (the rotated
+    bf16 values may differ by an ulp, and so a scale where a block's amax is at the boundary); every
+    other byte exact."""
     nope_blocks = formats.NOPE_DIM // layout.scale_block
     block, off = slots // bs, slots % bs
     (gd, gs), (rd, rs) = formats.record_views(got, layout, bs), formats.record_views(ref, layout, bs)
     fp8 = lambda d: d[block, off, formats.NOPE_DIM:].view(torch.float8_e4m3fn)
     scale = lambda s: quant.ue8m0_to_float(s[block, off, nope_blocks:])
-    fp8_blocks_close(c, "cache RoPE blocks", (fp8(gd), scale(gs)), (fp8(rd), scale(rs)), layout.scale_block)
+    amax = block_amax(rows[:, formats.NOPE_DIM:], layout.scale_block)
+    fp8_blocks_close(c, "cache RoPE blocks", (fp8(gd), scale(gs)), (fp8(rd), scale(rs)), layout.scale_block, amax,
+                     BF16_ROUNDING)
     rope = torch.zeros_like(got, dtype=torch.bool)
     rd_mask, rs_mask = formats.record_views(rope, layout, bs)
     rd_mask[block, off, formats.NOPE_DIM:] = True

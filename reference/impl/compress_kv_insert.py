@@ -13,21 +13,13 @@ from .rope import cos_sin, rotate
 
 
 def compress_kv_insert(a):
-    ratio = a.ratio
-    if ratio == 1:                                           # no state: every token with a slot is an entry
-        done = a.slot_mapping >= 0
-        p, pooled = a.positions[:done.shape[0]][done], a.kv[:done.shape[0]][done].float()
-    else:
-        done, p, pooled = _save_and_pool(a)
+    if a.ratio != 1:
+        _save_state(a)
+    done, normed, entry = entry_rows(a)
     if not bool(done.any()):
         return None
-    normed = pooled * torch.rsqrt(pooled.square().mean(-1, keepdim=True) + a.eps) * a.norm_weight.float()
-    if ratio in formats.V41_COMPRESSION_RATIOS:              # V4.1 keeps the bf16 latent, then ropes it
-        normed = normed.to(torch.bfloat16).float()
     if a.latent is not None:
         a.latent[done] = normed.to(torch.bfloat16)
-    cos, sin = cos_sin(a.cos_sin_cache, p - ratio + 1)      # RoPE at the window's first position
-    entry = rotate(normed, cos, sin).to(torch.bfloat16).float()
     if a.layout.is_paged_bytes:
         formats.write_kv(a.kv_cache, a.layout, a.block_size, a.slot_mapping[done], entry)
     else:
@@ -35,24 +27,45 @@ def compress_kv_insert(a):
     return None
 
 
-def _save_and_pool(a):
-    """Step 1 (the state rows), then the tokens that close a window and have a slot (bool ``[T']``),
-    their positions ``[N]`` and the windows' pooled fp32 rows ``[N, D]``."""
+def entry_rows(a):
+    """The tokens that write an entry (bool ``[T']``), their normalized rows (fp32 ``[N, D]``, the
+    latent) and the entries the writer quantizes (fp32 ``[N, D]``, bf16 values). Reads the state rows
+    the call saves (step 1), so it may run again on the inputs after the call."""
+    ratio = a.ratio
+    if ratio == 1:                                           # no state: every token with a slot is an entry
+        done = a.slot_mapping >= 0
+        p, pooled = a.positions[:done.shape[0]][done], a.kv[:done.shape[0]][done].float()
+    else:
+        done, p, pooled = _pool(a)
+    normed = pooled * torch.rsqrt(pooled.square().mean(-1, keepdim=True) + a.eps) * a.norm_weight.float()
+    if ratio in formats.V41_COMPRESSION_RATIOS:              # V4.1 keeps the bf16 latent, then ropes it
+        normed = normed.to(torch.bfloat16).float()
+    cos, sin = cos_sin(a.cos_sin_cache, p - ratio + 1)      # RoPE at the window's first position
+    return done, normed, rotate(normed, cos, sin).to(torch.bfloat16).float()
+
+
+def _save_state(a):
+    """Step 1: the state row of every live token, [kv, score (+ ape[p % ratio])] in fp32."""
+    n = a.state_slot_mapping.shape[0]
+    pos = a.positions[:n]
+    sbs = a.state_cache.shape[1]
+    live = a.state_slot_mapping >= 0
+    score = a.score[:n].float()
+    if a.ape is not None:
+        score = score + a.ape[pos % a.ratio]
+    s = a.state_slot_mapping[live]
+    a.state_cache[s // sbs, s % sbs] = torch.cat([a.kv[:n].float(), score], dim=1)[live]
+
+
+def _pool(a):
+    """Step 2, from the saved state rows: the tokens that close a window and have a slot (bool
+    ``[T']``), their positions ``[N]`` and the windows' pooled fp32 rows ``[N, D]``."""
     n = a.state_slot_mapping.shape[0]
     c, ratio, width = formats.window_overlap(a.ratio), a.ratio, a.kv.shape[1]
     D = width // c
     pos = a.positions[:n]
     sbs = a.state_cache.shape[1]
-
-    # 1. the state row of every live token: [kv, score (+ ape[p % ratio])] in fp32
     live = a.state_slot_mapping >= 0
-    score = a.score[:n].float()
-    if a.ape is not None:
-        score = score + a.ape[pos % ratio]
-    s = a.state_slot_mapping[live]
-    a.state_cache[s // sbs, s % sbs] = torch.cat([a.kv[:n].float(), score], dim=1)[live]
-
-    # 2. one entry per live token that closes a window and has a slot
     done = live & ((pos + 1) % ratio == 0) & (a.slot_mapping >= 0)
     p, req = pos[done], a.token_to_req[done].long()
     j = torch.arange(c * ratio, device=p.device)

@@ -12,9 +12,16 @@ AMAX_FLOOR = 1e-10               # the activation quantizer's floor, both widths
 
 def inv_rope_fp8_quant(a):
     T, H, D = a.o.shape
-    cos, sin = cos_sin(a.cos_sin_cache, a.positions)
-    x = rotate(a.o.to(torch.float32), cos[:, None], -sin[:, None])      # rotation by the negative angle
-    blocks = x.reshape(T, a.n_groups, H // a.n_groups * D // a.block, a.block)
+    blocks = unquantized_blocks(a)
     scale = ue8m0_scale(blocks.abs().amax(-1).clamp_min(AMAX_FLOOR))[0]
     values = to_fp8(blocks / scale[..., None]).reshape(T, a.n_groups, H // a.n_groups * D)
     return values, scale
+
+
+def unquantized_blocks(a):
+    """The fp32 values the quantizer rounds, ``[T, G, H / G * D / block, block]``: ``o`` rotated by
+    the negative angle."""
+    T, H, D = a.o.shape
+    cos, sin = cos_sin(a.cos_sin_cache, a.positions)
+    x = rotate(a.o.to(torch.float32), cos[:, None], -sin[:, None])
+    return x.reshape(T, a.n_groups, H // a.n_groups * D // a.block, a.block)

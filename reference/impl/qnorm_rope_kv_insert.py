@@ -17,8 +17,7 @@ def qnorm_rope_kv_insert(a):
     y = x * torch.rsqrt(x.square().mean(-1, keepdim=True) + a.eps)
     q_rot = rotate(y, cos[:, None], sin[:, None]).to(torch.bfloat16)
 
-    # KV: NoPE half is the original bf16; the rotated RoPE half is rounded to bf16 before storage.
-    k = rotate(a.kv.to(torch.float32), cos, sin).to(torch.bfloat16).to(torch.float32)
+    k = cache_rows(a)
     n_kv = a.slot_mapping.shape[0]                                   # DP padding: T' <= T
     formats.write_kv(a.kv_cache, a.layout, a.block_size, a.slot_mapping, k[:n_kv], a.kv_scale)
 
@@ -27,3 +26,10 @@ def qnorm_rope_kv_insert(a):
         return q_fp8 if a.out is None else a.out.copy_(q_fp8)
     target = a.q if a.out is None else a.out
     return target.copy_(q_rot)
+
+
+def cache_rows(a):
+    """The fp32 rows ``[T, 512]`` the cache writer quantizes: the NoPE half is the original bf16, the
+    rotated RoPE half is rounded to bf16 before storage."""
+    cos, sin = cos_sin(a.cos_sin_cache, a.positions)
+    return rotate(a.kv.to(torch.float32), cos, sin).to(torch.bfloat16).to(torch.float32)
