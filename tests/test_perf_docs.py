@@ -4,10 +4,16 @@ docs/perf/README.md (the index), H100.md and H200.md (one page per GPU) name the
 paths relative to docs/perf (``H200-bench-s20.txt``, ``plots/fp8_einsum.png``,
 ``../conformance/H200-s20.json``). Superseded artifacts live in docs/perf/archive/, which only git
 history and the archive itself may point into.
+
+Each claim of the index's "Claims made elsewhere" table names the commit it was measured at and the
+sources it measured; where git history is here, its "now" cell must say ``current`` when none of
+those sources changed since, else ``stale: measured before `<commit>` changed `<file>` `` naming the
+first commit that changed them.
 """
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -75,3 +81,62 @@ def test_artifacts_cited_from_outside_the_perf_pages_exist():
             if not (PERF / name).is_file():
                 problems.append(f"{path.relative_to(ROOT)}: docs/perf/{name}")
     assert not problems, "cited perf artifacts missing from docs/perf:\n" + "\n".join(problems)
+
+
+# -- claims and the sources they measured ----------------------------------------------------------
+_COMMIT = re.compile(r"`([0-9a-f]{7,40})`")
+_SOURCE = re.compile(r"`((?:backends|dsv4ops|reference|tools)/[\w/.-]*)`")
+_STALE = re.compile(r"^stale: measured before `([0-9a-f]{7,40})` changed `([\w/.-]+)`")
+
+
+def claim_rows() -> list[dict[str, str]]:
+    """The rows of the index's "Claims made elsewhere" table, as {column: cell}."""
+    section = (PERF / "README.md").read_text(encoding="utf-8").split("## Claims made elsewhere", 1)[1]
+    lines = [line for line in section.split("\n## ", 1)[0].splitlines() if line.startswith("|")]
+    split = lambda line: [cell.strip() for cell in line.strip().strip("|").split(" | ")]
+    header = split(lines[0])
+    return [dict(zip(header, split(line))) for line in lines[2:]]
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(("git", *args), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def first_change(commit: str, sources: list[str]) -> tuple[str, list[str]] | None:
+    """The first commit after ``commit`` that changed any of ``sources``, and the ones it changed."""
+    log = _git("log", "--reverse", "--format=%H", f"{commit}..HEAD", "--", *sources)
+    if not log:
+        return None
+    first = log.split()[0]
+    return first, _git("show", "--name-only", "--format=", first, "--", *sources).split()
+
+
+def test_every_claim_names_its_commit_and_sources():
+    rows = claim_rows()
+    assert len(rows) > 10 and {"measured at", "sources", "now"} <= set(rows[0])
+    bad = [row["claim"] for row in rows if not _COMMIT.search(row["measured at"]) or not _SOURCE.search(row["sources"])]
+    assert not bad, f"claims without a commit or the sources they measured: {bad}"
+
+
+def test_claims_whose_sources_changed_since_are_marked_stale():
+    rows = claim_rows()
+    commits = {_COMMIT.search(row["measured at"]).group(1) for row in rows}
+    if _git("rev-parse", "--verify", "HEAD") is None or any(_git("cat-file", "-e", f"{c}^{{commit}}") is None
+                                                             for c in commits):
+        pytest.skip("no git history with the claims' commits here (a shallow clone or no git)")
+    problems = []
+    for row in rows:
+        commit = _COMMIT.search(row["measured at"]).group(1)
+        change = first_change(commit, _SOURCE.findall(row["sources"]))
+        marked = _STALE.match(row["now"])
+        if change is None and row["now"] != "current":
+            problems.append(f"{row['claim']}: nothing changed since {commit}, so its 'now' is `current`")
+        elif change is not None and not (marked and _git("rev-parse", marked.group(1)) == change[0]
+                                          and marked.group(2) in change[1]):
+            problems.append(f"{row['claim']}: 'now' must read: stale: measured before `{change[0][:7]}` changed "
+                            f"`{change[1][0]}`")
+    assert not problems, "docs/perf/README.md, Claims made elsewhere:\n" + "\n".join(problems)
