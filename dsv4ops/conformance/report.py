@@ -19,42 +19,52 @@ def verified_table(folder: Path) -> str:
     """docs/verified.md's text from the artifacts of ``folder`` (and its versions.json)."""
     derived = versions.load_versions(folder)
     artifacts = versions.artifacts(folder)
-    runs, rows, stale, libraries, reference_rows = [], [], [], {}, 0
+    runs, rows, stale, reference_cases = [], [], [], 0
     for path in artifacts:
-        data = json.loads(path.read_text())
-        meta = data["meta"]
+        meta, results = (data := json.loads(path.read_text()))["meta"], data["results"]
         recorded = meta.get("sources", derived.get(path.name, {}).get("sources"))
         commit = meta.get("commit", derived.get(path.name, {}).get("commit", "unknown"))
         forced = ", ".join(f"{k}={v}" for k, v in sorted(meta.get("settings", {}).items())) or "-"
         runs.append((path.name, meta["device"], meta["tier"], meta["date"][:10], commit, forced))
-        for (backend, op), cell in sorted(summarize(data["results"]).items()):
-            if not (cell.passed or cell.failed or cell.errors):
-                continue
+        for (backend, op), cell in sorted(summarize(results).items()):
+            ran = cell.passed + cell.failed + cell.errors
             if backend == "reference":
-                reference_rows += cell.passed + cell.failed + cell.errors
-                continue
-            version, state, changed = row_version(backend, op, recorded)
-            rows.append((backend, op, meta["device"].removeprefix("NVIDIA "), cell.text, version, state, path.name))
-            if changed:
-                stale.append(f"{path.name} {backend} {op}: {', '.join(changed)}")
-        for release in meta.get("libraries", {}).values():
-            libraries.setdefault(release, []).append(path.name)
-    return (INTRO
-            + "## Runs\n\n```\n" + render_table(("artifact", "device", "tier", "date", "commit", "forced"), runs)
-            + "\n```\n\n" + textwrap.fill(RUNS_NOTE, WIDTH) + "\n\n"
-            + "## Rows\n\n```\n" + render_table(("backend", "op", "device", "result", "kernels", "now", "artifact"),
-                                                  rows) + "\n```\n\n" + textwrap.fill(ROWS_NOTE, WIDTH) + "\n\n"
-            + "Stale rows and their files changed since the run (`backends/` omitted):\n\n"
-            + "".join(f"- {line}\n" for line in stale or ["none"]) + "\n"
-            + textwrap.fill(f"Reference only: {reference_rows + quick_cases()} cases (the reference compared with "
-                            f"itself: not verification): the quick tier's {quick_cases()} cases, which "
-                            f"`dsv4ops check --include-reference` adds" + (f", and {reference_rows} rows of the "
-                            f"artifacts above" if reference_rows else "") + "; none of them is counted above.",
-                            WIDTH) + "\n\n"
-            + textwrap.fill("Releases installed in those runs (from the artifacts): " + "; ".join(
-                f"{release} ({'every artifact' if len(names) == len(artifacts) else ', '.join(names)})"
-                for release, names in libraries.items()) + ".", WIDTH) + "\n\n"
-            + CONTRACT_ONLY + TRITON_SOFTWARE_FP8)
+                reference_cases += ran
+            elif ran:
+                version, state, changed = row_version(backend, op, recorded)
+                rows.append((backend, op, meta["device"].removeprefix("NVIDIA "), cell.text, version, state,
+                             path.name))
+                stale += [f"{path.name} {backend} {op}: {', '.join(changed)}"] if changed else []
+    return "".join((
+        INTRO,
+        _section("Runs", ("artifact", "device", "tier", "date", "commit", "forced"), runs, RUNS_NOTE),
+        _section("Rows", ("backend", "op", "device", "result", "kernels", "now", "artifact"), rows, ROWS_NOTE),
+        "Stale rows and their files changed since the run (`backends/` omitted):\n\n",
+        "".join(f"- {line}\n" for line in stale or ["none"]) + "\n",
+        _paragraph(f"Reference only: {quick_cases() + reference_cases} cases (the reference compared with itself: "
+                   f"not verification): the {quick_cases()} quick-tier cases `dsv4ops check --include-reference` "
+                   f"adds" + (f" and {reference_cases} of the artifacts above" if reference_cases else "")
+                   + "; none of them is counted above."),
+        _paragraph("Releases installed in those runs (from the artifacts): " + _releases(artifacts) + "."),
+        CONTRACT_ONLY, TRITON_SOFTWARE_FP8))
+
+
+def _section(title: str, header: tuple[str, ...], rows: list[tuple], note: str) -> str:
+    return f"## {title}\n\n```\n{render_table(header, rows)}\n```\n\n" + _paragraph(note)
+
+
+def _paragraph(text: str) -> str:
+    return textwrap.fill(text, WIDTH) + "\n\n"
+
+
+def _releases(artifacts: list[Path]) -> str:
+    """Each library release the artifacts record, with the artifacts that ran it."""
+    runs = {}
+    for path in artifacts:
+        for release in json.loads(path.read_text())["meta"].get("libraries", {}).values():
+            runs.setdefault(release, []).append(path.name)
+    return "; ".join(f"{release} ({'every artifact' if len(names) == len(artifacts) else ', '.join(names)})"
+                     for release, names in runs.items())
 
 
 def row_version(backend: str, op: str, recorded: dict | None) -> tuple[str, str, list[str]]:

@@ -131,9 +131,13 @@ def _git(*args: str) -> str | None:
 
 
 def current_commit() -> str:
-    """The checkout's commit (``-dirty`` when its files differ from it), else the package version."""
+    """The checkout's commit (``-dirty`` when its files differ from it), else (an installed package)
+    the package version."""
+    top = _git("rev-parse", "--show-toplevel")
     described = _git("describe", "--always", "--dirty", "--abbrev=12")
-    return described.strip() if described else f"dsv4ops {__version__}"
+    if top and described and Path(top.strip()).resolve() == repository_root().resolve():
+        return described.strip()
+    return f"dsv4ops {__version__}"
 
 
 def forced_settings() -> dict[str, str]:
