@@ -6,6 +6,7 @@ overrides it so that tests and ``explain`` can ask what an sm100 or gfx942 box w
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.metadata
 import platform as _host
@@ -45,6 +46,12 @@ class Platform:
     @property
     def key(self) -> tuple[str, str]:
         return (self.vendor, self.arch)
+
+    @property
+    def model(self) -> str:
+        """The device's model, the first word of its name like ``H100``, ``H200``, ``B200`` or ``MI300X``
+        (``NVIDIA H100 80GB HBM3`` -> ``H100``); "" when none (a CPU, a simulation without a name)."""
+        return next((w for w in self.device_name.split() if re.fullmatch(r"[A-Z]+\d+[A-Z]*", w)), "")
 
     def __str__(self) -> str:
         sim = " (simulated)" if self.simulated else ""
@@ -112,10 +119,13 @@ def _parse_simulation(spec: str, source: str) -> Platform:
 
 
 @contextlib.contextmanager
-def simulate_platform(vendor: str, arch: str):
-    """Within the block, every device reports ``vendor:arch`` (for tests and ``explain``)."""
+def simulate_platform(vendor: str, arch: str, device_name: str | None = None):
+    """Within the block, every device reports ``vendor:arch`` (for tests and ``explain``), named
+    ``device_name`` if given (``"NVIDIA H200"``: what measured preferences key on)."""
     previous = thread_state.simulated
     thread_state.simulated = _parse_simulation(f"{vendor}:{arch}", "simulate_platform")
+    if device_name is not None:
+        thread_state.simulated = dataclasses.replace(thread_state.simulated, device_name=device_name)
     try:
         yield thread_state.simulated
     finally:

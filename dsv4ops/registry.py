@@ -73,7 +73,7 @@ class Implementation:
         try:
             reason = self.backend.decline_reason(plat)
             if reason is None:
-                reason = priorities.preference_error(self.op, plat.key, key, self.backend.name)
+                reason = priorities.preference_error(self.op, plat, key, self.backend.name)
             if reason is None and self.supports is not None:
                 reason = self.supports(plat, key)
         except ConfigError:

@@ -113,7 +113,7 @@ def _ordered(call, plat: Platform, measured: str | None) -> list[tuple[int, regi
     """Implementations by effective priority: the table's, with measured preferences applied, and
     the tuning table's ``measured`` choice (if any) first."""
     impls = registry.implementations(call.op)
-    prefs = priorities.preferred(call.op, plat.key, call.key)
+    prefs = priorities.preferred(call.op, plat, call.key)
     base = {i.backend.name: max(j.priority for j in impls if j.backend.name == i.backend.name) for i in impls}
     top = max(base.values(), default=0) + 1
     ranked = [(top if i.backend.name == measured else

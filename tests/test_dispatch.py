@@ -317,8 +317,11 @@ def test_forced_backend_is_checked_alone(fakes):
         unregister_backend("probe_counter")
 
 
+H100 = "NVIDIA H100 80GB HBM3"
+
+
 def test_preference_by_heads_and_size_class():
-    """sm90: the Triton decode outranks FlashMLA up to 64 heads and 255 tokens, the Triton prefill up
+    """H100: the Triton decode outranks FlashMLA up to 64 heads and 255 tokens, the Triton prefill up
     to 64 heads from 2048 tokens (measured)."""
     from dsv4ops.conformance.cases import make_case
     from dsv4ops.ops import OPS
@@ -326,9 +329,9 @@ def test_preference_by_heads_and_size_class():
 
     def prefs(op, T, H):
         kw = make_case(op, **dict(T=T, H=H, topk=32, layout="fp8_ds_mla")).build("cpu", 0)
-        return preferred(op, dsv4ops.platform().key, OPS[op].validate_call(**kw).key)
+        return preferred(op, dsv4ops.platform(), OPS[op].validate_call(**kw).key)
 
-    with dsv4ops.simulate_platform("cuda", "sm90"):
+    with dsv4ops.simulate_platform("cuda", "sm90", H100):
         decode = functools.partial(prefs, "sparse_mla_decode")
         assert decode(T=8, H=16) == decode(T=128, H=64) == {"triton": "flashmla"}
         assert decode(T=8, H=128) == {} and decode(T=256, H=64) == {}
@@ -340,20 +343,45 @@ def test_preference_by_heads_and_size_class():
 
 
 def test_preference_for_triton_logits_by_next_n_and_context():
-    """sm90: the Triton paged logits outrank DeepGEMM's for one token per request up to 8K (measured)."""
+    """H100: the Triton paged logits outrank DeepGEMM's for one token per request up to 8K (measured)."""
     from dsv4ops.conformance.cases import make_case
     from dsv4ops.ops import OPS
     from dsv4ops.priorities import preferred
 
     def prefs(next_n, context):
         kw = make_case("paged_mqa_logits", B=2, next_n=next_n, context=context).build("cpu", 0)
-        return preferred("paged_mqa_logits", dsv4ops.platform().key, OPS["paged_mqa_logits"].validate_call(**kw).key)
+        return preferred("paged_mqa_logits", dsv4ops.platform(), OPS["paged_mqa_logits"].validate_call(**kw).key)
 
-    with dsv4ops.simulate_platform("cuda", "sm90"):
+    with dsv4ops.simulate_platform("cuda", "sm90", H100):
         assert prefs(1, 2048) == {"triton": "deepgemm"} and prefs(1, 8192) == {"triton": "deepgemm"}
         assert prefs(2, 2048) == {} and prefs(1, 16384) == {}
     with dsv4ops.simulate_platform("cuda", "sm100"):
         assert prefs(1, 2048) == {}
+
+
+def test_preferences_apply_on_the_device_they_were_measured_on():
+    """A preference measured on the H100 does not carry over to the H200 (same sm90): there DeepGEMM's
+    paged logits stay first at 8K (Triton 0.89x, measured) and Triton's win only at 1K (1.94x); an
+    sm90 device no row names gets the general priorities."""
+    from dsv4ops.conformance.cases import make_case
+    from dsv4ops.ops import OPS
+    from dsv4ops.priorities import preferred
+
+    def prefs(op, **params):
+        kw = make_case(op, **params).build("cpu", 0)
+        return preferred(op, dsv4ops.platform(), OPS[op].validate_call(**kw).key)
+
+    logits = functools.partial(prefs, "paged_mqa_logits", B=2, next_n=1)
+    decode = functools.partial(prefs, "sparse_mla_decode", T=8, H=16, topk=32, layout="fp8_ds_mla")
+    with dsv4ops.simulate_platform("cuda", "sm90", H100):
+        assert dsv4ops.platform().model == "H100" and logits(context=8192) == {"triton": "deepgemm"}
+    with dsv4ops.simulate_platform("cuda", "sm90", "NVIDIA H200"):
+        assert logits(context=8192) == {} and logits(context=2048) == {}
+        assert logits(context=1024) == {"triton": "deepgemm"}
+        assert decode() == {}
+    for unnamed in ("NVIDIA H800", None):                     # None: "simulated cuda sm90", no model
+        with dsv4ops.simulate_platform("cuda", "sm90", unnamed):
+            assert logits(context=1024) == logits(context=8192) == decode() == {}
 
 
 @pytest.mark.parametrize("cc,arch", [((9, 0), "sm90"), ((10, 0), "sm100"), ((10, 3), "sm103"), ((12, 0), "sm120"),
