@@ -5,8 +5,11 @@ import ast
 import collections
 import functools
 import importlib
+import importlib.metadata
 import inspect
+import re
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -895,27 +898,89 @@ def _real_function(path):
     return getattr(importlib.import_module(module), name)
 
 
-@pytest.mark.parametrize("vendor, module, dist", [("aiter", "aiter", "amd-aiter"),
-                                                 ("flashinfer", "flashinfer", "flashinfer-python"),
-                                                 ("flashmla", "flash_mla", "tokenspeed-flashmla"),
-                                                 ("deepgemm", "deep_gemm", "tokenspeed-deepgemm")])
-def test_adapter_calls_bind_to_installed_signatures(monkeypatch, vendor, module, dist):
-    """Where the vendor package is installed: the same recorded calls bind to the real functions, and
-    the fakes' parameter lists equal the real ones (so the CI run above stays meaningful)."""
+# An installed release that does not import is a failure (the break the drift check exists to report),
+# except where this torch lacks the accelerator runtime the release is built for and the import error
+# names that runtime: then its parameter lists are read from its installed sources.
+ACCELERATOR_RUNTIME = {
+    "cuda": (lambda: torch.version.cuda is None, r"cuda|libcu|nvidia|nvrtc"),
+    "rocm": (lambda: torch.version.hip is None, r"hip|rocm|amdgpu"),
+    "xpu": (lambda: not (hasattr(torch, "xpu") and torch.xpu.is_available()), r"xpu|sycl|ze_loader|level.zero"),
+}
+
+
+def import_release(module: str, dist: str, accelerator: str):
+    """``module`` of the installed ``dist``, imported; None where it cannot import here for the known
+    reason (this torch has no ``accelerator`` runtime and the error names it). Skips where ``dist`` is
+    not installed; fails, with the error, where the import fails for any other reason."""
     try:
-        importlib.import_module(module)
+        version = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"{dist} is not installed here; the drift check runs where it installs (CI's drift step)")
+    try:
+        return importlib.import_module(module)
     except Exception as exc:
-        pytest.skip(f"{dist} is not importable here ({type(exc).__name__}: {str(exc)[:100]}); "
-                    "the drift check runs where it installs")
-    real = {}
+        error = f"{type(exc).__name__}: {exc}"
+        lacks_runtime, names_runtime = ACCELERATOR_RUNTIME[accelerator]
+        if lacks_runtime() and re.search(names_runtime, error, re.IGNORECASE):
+            return None
+        pytest.fail(f"{dist} {version} is installed but `import {module}` fails: {error}")
+
+
+def source_function_signature(dist: str, path: str) -> inspect.Signature:
+    """The parameter list of ``module:function`` from the installed sources of ``dist`` (nothing
+    imported), following re-exports (``from .x import function``, ``from .x import *``)."""
+    files = importlib.metadata.distribution(dist)
+
+    def find(module: str, name: str, depth: int) -> inspect.Signature | None:
+        parts = module.split(".")
+        candidates = (Path(*parts).with_suffix(".py"), Path(*parts).with_suffix(".pyi"), Path(*parts, "__init__.py"))
+        file = next((f for f in candidates if Path(files.locate_file(f)).exists()), None)
+        if file is None or depth > 8:
+            return None
+        tree = ast.parse(Path(files.locate_file(file)).read_text())
+        defs = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        if name in defs:
+            return source_signature(defs[name])
+        package = parts if file.name == "__init__.py" else parts[:-1]
+        imports = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+        named = [(node, alias.name) for node in imports for alias in node.names if (alias.asname or alias.name) == name]
+        starred = [(node, name) for node in imports if any(alias.name == "*" for alias in node.names)]
+        for node, source_name in named + starred:
+            base = package[: len(package) - node.level + 1] if node.level else []
+            found = find(".".join(base + (node.module.split(".") if node.module else [])), source_name, depth + 1)
+            if found is not None:
+                return found
+        return None
+
+    module, _, name = path.partition(":")
+    found = find(module, name, 0)
+    if found is None:
+        raise LookupError(f"{dist}: no definition of {path} in its installed sources")
+    return found
+
+
+@pytest.mark.parametrize("vendor, module, dist, accelerator", [("aiter", "aiter", "amd-aiter", "rocm"),
+                                                              ("flashinfer", "flashinfer", "flashinfer-python", "cuda"),
+                                                              ("flashmla", "flash_mla", "tokenspeed-flashmla", "cuda"),
+                                                              ("deepgemm", "deep_gemm", "tokenspeed-deepgemm", "cuda")])
+def test_adapter_calls_bind_to_installed_signatures(monkeypatch, vendor, module, dist, accelerator):
+    """Where the vendor package is installed: the same recorded calls bind to the real functions (read
+    from its sources where it cannot import for want of its accelerator runtime), and the fakes'
+    parameter lists equal the real ones (so the CI run above stays meaningful)."""
+    imported = import_release(module, dist, accelerator)
     if vendor == "deepgemm":
+        if imported is None:
+            pytest.skip(f"{dist} needs a CUDA torch to import; its declarations (deep_gemm/_C.pyi) are checked from "
+                        "the wheel by tests/test_vendor_wheels.py")
         from dsv4ops.backends.deepgemm import api
         vendor = f"deepgemm-{api()}"
     with monkeypatch.context() as m:
         fakes, calls = RECORDERS[vendor](m)
+    real = {}
     for path in fakes:
         try:
-            real[path] = declared_signature(_real_function(path))
+            real[path] = (declared_signature(_real_function(path)) if imported is not None
+                          else source_function_signature(dist, path))
         except Exception as exc:
             pytest.fail(f"{dist}: the adapter calls {path}, which the installed release lacks ({exc})")
     _bind_all(calls, real.__getitem__)
@@ -923,6 +988,51 @@ def test_adapter_calls_bind_to_installed_signatures(monkeypatch, vendor, module,
         ours = [(p.name, p.kind) for p in inspect.signature(fakes[path]).parameters.values()]
         theirs = [(p.name, p.kind) for p in sig.parameters.values()]
         assert ours == theirs, f"{path}: the fake's parameters differ from {dist}'s"
+
+
+def test_a_release_that_does_not_import_fails_unless_it_lacks_its_runtime(monkeypatch):
+    """The drift check's import rule: not installed skips; installed but failing to import for want of
+    the accelerator runtime (CPU torch, error naming CUDA) reads sources; any other import error fails."""
+    monkeypatch.setattr(importlib.metadata, "version", lambda dist: "9.9")
+    monkeypatch.setattr(torch.version, "cuda", None)
+
+    def failing(error):
+        def import_module(name):
+            raise error
+        monkeypatch.setattr(importlib, "import_module", import_module)
+
+    failing(OSError("libcudart.so.13: cannot open shared object file"))
+    assert import_release("vendor_pkg", "vendor-pkg", "cuda") is None
+    failing(ImportError("cannot import name 'top_k_ragged_transform' from 'vendor_pkg.topk'"))
+    with pytest.raises(pytest.fail.Exception, match=r"vendor-pkg 9.9 is installed but `import vendor_pkg` fails: "
+                                                      r"ImportError: cannot import name 'top_k_ragged_transform'"):
+        import_release("vendor_pkg", "vendor-pkg", "cuda")
+    monkeypatch.setattr(torch.version, "cuda", "12.8")           # a CUDA torch: no excuse
+    failing(OSError("libcudart.so.13: cannot open shared object file"))
+    with pytest.raises(pytest.fail.Exception, match="libcudart"):
+        import_release("vendor_pkg", "vendor-pkg", "cuda")
+
+
+def test_source_signatures_follow_re_exports(monkeypatch, tmp_path):
+    """A function re-exported by the package (aliased, through a ``from .impl import *``) is read where
+    it is defined."""
+    package = tmp_path / "vendor_pkg"
+    (package / "ops").mkdir(parents=True)
+    (package / "__init__.py").write_text("from .ops import kernel as fast_kernel\n")
+    (package / "ops" / "__init__.py").write_text("from .impl import *\n")
+    (package / "ops" / "impl.py").write_text("def kernel(q, k, /, scale=1.0, *, out=None, **extra):\n    pass\n")
+
+    class Files:
+        locate_file = staticmethod(lambda f: tmp_path / f)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda dist: Files)
+    sig = source_function_signature("vendor-pkg", "vendor_pkg:fast_kernel")
+    assert [(p.name, p.kind, p.default is p.empty) for p in sig.parameters.values()] == [
+        ("q", inspect.Parameter.POSITIONAL_ONLY, True), ("k", inspect.Parameter.POSITIONAL_ONLY, True),
+        ("scale", inspect.Parameter.POSITIONAL_OR_KEYWORD, False), ("out", inspect.Parameter.KEYWORD_ONLY, False),
+        ("extra", inspect.Parameter.VAR_KEYWORD, True)]
+    with pytest.raises(LookupError, match="no definition of vendor_pkg:missing"):
+        source_function_signature("vendor-pkg", "vendor_pkg:missing")
 
 
 def _schema_args(schema_str):
@@ -934,12 +1044,10 @@ def test_xpu_schemas_match_installed():
     """Where vllm-xpu-kernels imports (a PyTorch XPU build): its op schemas equal the fakes', which the
     dispatcher enforces on every adapter call in the contract tests above."""
     from fakes import xpu as fake_xpu
-    try:
-        importlib.import_module("vllm_xpu_kernels._xpu_C")
-        importlib.import_module("vllm_xpu_kernels._C")
-    except Exception as exc:
-        pytest.skip(f"vllm-xpu-kernels is not importable here ({type(exc).__name__}: {str(exc)[:100]}); "
-                    "the drift check runs on an XPU machine")
+    if any(import_release(m, "vllm-xpu-kernels", "xpu") is None for m in ("vllm_xpu_kernels._xpu_C",
+                                                                       "vllm_xpu_kernels._C")):
+        pytest.skip("vllm-xpu-kernels needs an XPU torch to import, and its schemas are compiled in (no "
+                    "source to read them from): the drift check runs on an XPU machine")
     for path in fake_xpu.CALLED:
         namespace, _, name = path.partition("::")
         real = str(getattr(getattr(torch.ops, namespace), name).default._schema)

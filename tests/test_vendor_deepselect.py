@@ -13,7 +13,7 @@ import torch
 from dsv4ops.backends.deepselect import topk_inputs
 from fakes import deep_select as fake_ds
 from fakes import reprobed
-from test_vendor_contracts import _bind_all, _recording, _simulated, source_signature
+from test_vendor_contracts import _bind_all, _recording, _simulated, import_release, source_signature
 
 import dsv4ops
 from dsv4ops.conformance import cases
@@ -127,18 +127,13 @@ def test_deepselect_calls_bind_to_fake_signatures(monkeypatch):
 
 def _installed_signatures() -> dict:
     """path -> signature of the installed release: the real functions where ``deep_select`` imports
-    (CUDA torch), else the definitions in the wheel's ``deep_select/interface.py``, which
-    ``deep_select/__init__.py`` re-exports (checked)."""
-    try:
-        module = importlib.import_module("deep_select")
-    except Exception:
-        module = None
+    (CUDA torch), else, where it cannot for want of CUDA, the definitions in the wheel's
+    ``deep_select/interface.py``, which ``deep_select/__init__.py`` re-exports (checked). Skips where
+    it is not installed; an import failing for another reason fails (``import_release``)."""
+    module = import_release("deep_select", DIST, "cuda")
     if module is not None:
         return {path: inspect.signature(getattr(module, path.partition(":")[2])) for path in fake_ds.CALLED}
-    try:
-        dist = importlib.metadata.distribution(DIST)
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip(f"{DIST} is not installed here; the drift check runs where it installs (CI's drift step)")
+    dist = importlib.metadata.distribution(DIST)
     init = ast.parse(dist.locate_file("deep_select/__init__.py").read_text())
     exported = {alias.name for node in ast.walk(init) if isinstance(node, ast.ImportFrom)
                 and node.module == "interface" for alias in node.names}
@@ -168,8 +163,7 @@ def test_deepselect_calls_bind_to_installed_signatures(monkeypatch):
 def test_deepselect_stride_requirement_matches_installed():
     """Where deep_select imports (a CUDA torch; a host call, any GPU): the fake's (1024, 32) bytes are
     the release's. The adapter itself reads the requirement from the installed release at run time."""
-    try:
-        module = importlib.import_module("deep_select")
-    except Exception as exc:
-        pytest.skip(f"deep_select does not import here ({type(exc).__name__}: {str(exc)[:100]})")
+    module = import_release("deep_select", DIST, "cuda")
+    if module is None:
+        pytest.skip(f"{DIST} needs a CUDA torch to import (the requirement is a host call into it)")
     assert tuple(module.get_stride_requirement()) == fake_ds.get_stride_requirement()
