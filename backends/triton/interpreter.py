@@ -17,7 +17,10 @@
    fail there. The patch maps it to the builder's FNUZ type; conversions go through fix 2.
 
 It also silences NumPy's RuntimeWarnings raised inside the interpreter (``inf - inf`` and the like),
-where compiled kernels compute the same IEEE results silently.
+where compiled kernels compute the same IEEE results silently, and runs ``tl.reduce`` with a
+``combine_fn`` as a pairwise tree over whole slices of the reduced axis (the interpreter calls the
+combine function once per element, on scalars: most of the top-k kernels' interpreted time). A tree
+is the order compiled Triton combines in; the combine functions Triton accepts are associative.
 
 Applied by the backend's probe (``backends/triton/__init__.py``), which runs before any Triton
 kernel is selected, so direct calls, the CLI, the examples and the tests all get it.
@@ -100,7 +103,38 @@ def patch_triton_interpreter() -> bool:
     for name in dir(builder):
         if name.startswith(("create_icmp", "create_fcmp")):
             setattr(builder, name, _boolean_result(getattr(builder, name), interpreter.TensorHandle, tl.int1))
+    interpreter.ReduceOps.generic_reduce = _tree_reduce
     return True
+
+
+def _tree_reduce(self, inputs):
+    """``ReduceOps.generic_reduce`` (the interpreter's reduction with a ``combine_fn``): the reduced
+    axis halved per step, element ``2i`` combined with ``2i + 1`` over whole slices at once."""
+    import numpy as np
+    import triton.language as tl
+
+    inputs, axis = self.unravel(inputs, self.axis)
+    dtypes = [t.dtype for t in inputs]
+    data = [np.moveaxis(t.handle.data, axis, 0) for t in inputs]          # the reduced axis first
+    while data[0].shape[0] > 1:
+        pairs = data[0].shape[0] // 2
+        left = [self.to_tensor(d[0:2 * pairs:2], dt) for d, dt in zip(data, dtypes)]
+        right = [self.to_tensor(d[1:2 * pairs:2], dt) for d, dt in zip(data, dtypes)]
+        combined = self.combine_fn.fn(*left, *right)
+        combined = combined if isinstance(combined, tuple) else (combined,)
+        shape = data[0][0:pairs].shape
+        step = [np.broadcast_to(c.handle.data if isinstance(c, tl.core.tensor) else c, shape).astype(d.dtype)
+                for c, d in zip(combined, data)]
+        data = [np.concatenate([s, d[2 * pairs:]]) for s, d in zip(step, data)]   # an odd last element waits
+    results = []
+    for d, dt in zip(data, dtypes):
+        value = d[0]
+        if self.keep_dims:
+            value = np.expand_dims(value, axis)          # axis None: the flattened input's one axis
+        elif self.axis is None:
+            value = value.item()
+        results.append(self.to_tensor(value, dt))
+    return results
 
 
 def _boolean_result(compare, handle_type, int1):
