@@ -392,8 +392,8 @@ def main(argv=None) -> int:
     check.add_argument("--ops", help="comma-separated ops (default: all)")
     check.add_argument("--backends", help="comma-separated backends (default: every registered one but reference)")
     check.add_argument("--tier", choices=("quick", "full"), default="quick",
-                       help="quick: small shapes, CPU-friendly (335 cases; on a CPU through Triton's interpreter "
-                            "about 165 s of one core, measured on the 2-core CI-sized machine); full: production "
+                       help="quick: small shapes, CPU-friendly (on a CPU through Triton's interpreter about 2 "
+                            "minutes of one core, measured on the 2-core CI-sized machine); full: production "
                             "shapes (GPU; refused on a CPU without --allow-cpu-full)")
     check.add_argument("--case", help="run only the case with this id (see a failure's rerun line)")
     check.add_argument("--seed", type=int, default=0, help="base seed of the random inputs (case i uses seed + i)")
