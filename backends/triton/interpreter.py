@@ -21,6 +21,9 @@ where compiled kernels compute the same IEEE results silently, and runs ``tl.red
 ``combine_fn`` as a pairwise tree over whole slices of the reduced axis (the interpreter calls the
 combine function once per element, on scalars: most of the top-k kernels' interpreted time). A tree
 is the order compiled Triton combines in; the combine functions Triton accepts are associative.
+Each call of a ``@triton.jit`` helper from a kernel re-patches the language modules (``_patch_lang``:
+``inspect.getmembers`` over ``triton.language``, once per call per program, a quarter of the quick
+tier's time) although the kernel's launch patched them already; inside a launch that is skipped.
 
 Applied by the backend's probe (``backends/triton/__init__.py``), which runs before any Triton
 kernel is selected, so direct calls, the CLI, the examples and the tests all get it.
@@ -103,8 +106,43 @@ def patch_triton_interpreter() -> bool:
     for name in dir(builder):
         if name.startswith(("create_icmp", "create_fcmp")):
             setattr(builder, name, _boolean_result(getattr(builder, name), interpreter.TensorHandle, tl.int1))
-    interpreter.ReduceOps.generic_reduce = _tree_reduce
+    if hasattr(interpreter, "ReduceOps"):          # speed only: where a Triton lacks these internals, skipped
+        interpreter.ReduceOps.generic_reduce = _tree_reduce
+    if hasattr(interpreter, "_LangPatchScope"):
+        interpreter._patch_lang = _once_per_launch(interpreter._patch_lang, interpreter._LangPatchScope)
     return True
+
+
+def _once_per_launch(patch_lang, scope_type):
+    """``_patch_lang`` that does nothing for a helper whose language modules the launch in progress
+    has patched already (until the launch restores them)."""
+    import inspect
+
+    import triton.language as tl
+
+    patched: list[set] = []                  # per launch in progress: the language modules it patched
+
+    def languages(fn) -> set:
+        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+
+    @functools.wraps(patch_lang)
+    def patch_once(fn):
+        wanted = languages(fn)
+        if patched and wanted <= patched[-1]:
+            return scope_type()
+        scope = patch_lang(fn)
+        if patched:                          # a helper reaching another module: patched until the launch ends
+            patched[-1] |= wanted
+            return scope
+        restore = scope.restore
+
+        def restore_and_leave():
+            patched.pop()
+            restore()
+        scope.restore = restore_and_leave
+        patched.append(wanted)
+        return scope
+    return patch_once
 
 
 def _tree_reduce(self, inputs):
